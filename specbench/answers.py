@@ -1,0 +1,93 @@
+"""Answer files: upstream Spec-Bench JSONL, appended and flushed per question, resumable.
+
+Layout: <output_dir>/<dataset>/<model>/<method>/temp-<t>/run-<r>/{answers.jsonl,meta.json}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonlines
+
+from specbench.errors import SpecbenchError
+
+ANSWERS = "answers.jsonl"
+META = "meta.json"
+EXTRA_KEY = "specbench"  # our fields beyond the upstream format live under this one key
+
+
+def run_dir(output_dir: str | os.PathLike, dataset: str, model: str, method: str, temperature: float, run: int) -> Path:
+    return Path(output_dir) / dataset / model / method / f"temp-{temperature:g}" / f"run-{run}"
+
+
+def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[str, Any]]:
+    """All complete records of an answer file.
+
+    A last line without its newline is what a killed write leaves: it is dropped (and cut
+    from the file when `repair`). A bad complete line is an error, not a torn write.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    complete, newline, torn = data.rpartition(b"\n")
+    if torn and repair:
+        with path.open("r+b") as fh:
+            fh.truncate(len(complete) + len(newline))
+    records: list[dict[str, Any]] = []
+    for i, raw in enumerate(complete.split(b"\n") if newline else []):
+        if not raw.strip():
+            continue
+        try:
+            records.append(json.loads(raw))
+        except ValueError:
+            raise SpecbenchError(f"{path}:{i + 1}: corrupt answer line; fix or delete the file") from None
+    return records
+
+
+class AnswerWriter:
+    """Appends one JSON line per question and flushes it to disk before the next one."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", encoding="utf-8")
+        self._writer = jsonlines.Writer(self._fh, compact=True, flush=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._writer.write(record)
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._writer.close()
+        self._fh.close()
+
+    def __enter__(self) -> AnswerWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_meta(path: str | os.PathLike, meta: dict[str, Any]) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(path)
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def iter_run_dirs(root: str | os.PathLike) -> Iterator[Path]:
+    """Every folder under `root` that holds an answers file."""
+    for path in sorted(Path(root).rglob(ANSWERS)):
+        yield path.parent

@@ -1,0 +1,109 @@
+"""`python -m specbench <command>`: run (Hydra), data, zoo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from specbench.errors import SpecbenchError
+
+USAGE = """usage: python -m specbench [hydra flags] <command> [args]
+
+commands:
+  run [overrides]      benchmark a method, e.g. `run method=baseline task=all limit=2`
+                       (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps)
+  data fetch           download the official Spec-Bench questions (SHA-256 checked)
+  data synth           write the embedded synthetic benchmark to data/synthetic/
+  zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
+
+Set SPECBENCH_VERBOSE=1 for full tracebacks."""
+
+
+def _fail(exc: BaseException) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _run(args: list[str]) -> int:
+    from specbench.config import check_compose, check_overrides
+
+    check_overrides(args)
+    if not {"-m", "--multirun"} & set(args):
+        check_compose(args)
+    import hydra
+    from omegaconf import DictConfig
+
+    from specbench.config import CONFIG_DIR
+
+    @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
+    def app(cfg: DictConfig) -> None:
+        from specbench import runner
+
+        try:
+            runner.run(cfg)
+        except SpecbenchError as exc:
+            if os.environ.get("SPECBENCH_VERBOSE"):
+                raise
+            sys.exit(_fail(exc))
+
+    sys.argv = [f"{sys.argv[0]} run", *args]
+    app()
+    return 0
+
+
+def _data(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specbench data")
+    parser.add_argument("action", choices=["fetch", "synth"])
+    parser.add_argument("--dest", help="where to write (default: the dataset config's path)")
+    parser.add_argument("--seed", type=int, default=None, help="synthetic set seed (default: config)")
+    opts = parser.parse_args(args)
+    from omegaconf import OmegaConf
+
+    from specbench.config import CONFIG_DIR
+
+    if opts.action == "fetch":
+        from specbench.data import fetch
+
+        ds = OmegaConf.load(CONFIG_DIR / "dataset" / "spec_bench.yaml")
+        path = fetch(ds.url, opts.dest or ds.path, ds.sha256)
+        print(f"{path}: official Spec-Bench questions, sha256 verified")
+    else:
+        from specbench import synth
+
+        ds = OmegaConf.load(CONFIG_DIR / "dataset" / "synthetic.yaml")
+        seed = ds.seed if opts.seed is None else opts.seed
+        path = synth.write_questions(opts.dest or ds.path, seed=seed)
+        print(f"{path}: synthetic benchmark, seed {seed}")
+    return 0
+
+
+def _zoo(args: list[str]) -> int:
+    from specbench.zoo import zoo_main
+
+    return zoo_main(args)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "data": _data, "zoo": _zoo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    # Hydra flags may come before the command (`-m run ...`): they belong to `run`.
+    index = next((i for i, a in enumerate(argv) if a in COMMANDS), None)
+    if index is None:
+        return _fail(SpecbenchError(f"unknown command in {' '.join(argv)!r}; commands: {', '.join(COMMANDS)}"))
+    command = argv[index]
+    rest = argv[:index] + argv[index + 1 :]
+    if command != "run" and index:
+        return _fail(SpecbenchError(f"flags before '{command}' only apply to run"))
+    try:
+        return COMMANDS[command](rest)
+    except SpecbenchError as exc:
+        if os.environ.get("SPECBENCH_VERBOSE"):
+            raise
+        return _fail(exc)

@@ -1,0 +1,93 @@
+"""Loading target and draft models: any Hugging Face causal LM, a local folder or the zoo."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+
+from specbench.errors import SpecbenchError
+
+ZOO_PREFIX = "zoo:"
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer, in eval mode on its device."""
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    path: str
+    device: torch.device
+    dtype: torch.dtype
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """EOS ids from the generation config (may be several, e.g. Llama-3) and the tokenizer."""
+        ids: set[int] = set()
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for source in (gen_eos, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return ids
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecbenchError("device=cuda but no CUDA device is visible; use device=cpu or device=auto")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise SpecbenchError(f"unknown device '{name}'; use auto, cpu or cuda")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` is float16 on GPU (the Spec-Bench setting) and float32 on CPU."""
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise SpecbenchError(f"unknown dtype '{name}'; use one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve_path(spec: str) -> str:
+    """A hub id or folder as given; `zoo:NAME` is a model of the embedded zoo (built on demand)."""
+    if spec.startswith(ZOO_PREFIX):
+        from specbench import zoo
+
+        return str(zoo.ensure_zoo() / spec[len(ZOO_PREFIX) :])
+    expanded = os.path.expanduser(spec)
+    if expanded.startswith((".", "/", "~")) and not Path(expanded).is_dir():
+        raise SpecbenchError(f"model folder '{spec}' does not exist; give an existing folder or a hub id")
+    return expanded
+
+
+def load_model(
+    spec: str, *, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer by hub id, folder, or `zoo:` name."""
+    path = resolve_path(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None
+        )
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "trust_remote_code" in str(exc):
+            raise SpecbenchError(
+                f"model '{spec}' needs custom code; set model.trust_remote_code=true if you trust it"
+            ) from exc
+        raise SpecbenchError(f"cannot load model '{spec}': {first}") from exc
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, path=path, device=device, dtype=dtype)

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random-initialised models with a tiny tokenizer, saved locally."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<|end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+TEXT = [
+    "the quick brown fox jumps over the lazy dog",
+    "speculative decoding drafts tokens and the target verifies them",
+    "translate the sentence into another language please",
+    "summarize the passage in two sentences",
+    "what is the capital of the kingdom of nowhere",
+    "tom has 3 boxes with 12 apples each so he has 36 apples",
+]
+
+
+def make_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+    """A byte-level BPE with ~300 tokens, trained on a few sentences, with a chat template."""
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|bos|>", "<|end|>", "<|user|>", "<|assistant|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    core.train_from_iterator(TEXT * 20, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|bos|>", eos_token="<|end|>", pad_token="<|end|>"
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(folder)
+    return tok
+
+
+def make_model(folder: Path, arch: str, tok: PreTrainedTokenizerFast, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Folders of a tiny random Llama and a tiny random Qwen2 sharing one tokenizer."""
+    root = tmp_path_factory.mktemp("models")
+    tok = make_tokenizer(root / "tokenizer")
+    return {arch: make_model(root / arch, arch, tok) for arch in ("llama", "qwen2")}
