@@ -14,6 +14,8 @@ USAGE = """usage: python -m specbench [hydra flags] <command> [args]
 commands:
   run [overrides]      benchmark a method, e.g. `run method=baseline task=all limit=2`
                        (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps)
+  report [results]     leaderboard tables (md/csv/tex) and figures from answer files
+  check [--quick] [--update]  compare results with results/reference; exit 1 on a regression
   data fetch           download the official Spec-Bench questions (SHA-256 checked)
   data synth           write the embedded synthetic benchmark to data/synthetic/
   zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
@@ -79,13 +81,59 @@ def _data(args: list[str]) -> int:
     return 0
 
 
+def _report(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specbench report",
+                                     description="Tables and figures from answer files (ours or upstream's).")
+    parser.add_argument("results", nargs="?", default="results/answers", help="folder of answer files")
+    parser.add_argument("--out", default="results/leaderboard", help="where tables and figures go")
+    parser.add_argument("--upstream-model", default="upstream", help="model name for upstream answer files")
+    parser.add_argument("--tie-margin", type=float, default=0.05,
+                        help="top-2 logit gap under which a greedy mismatch counts as a numerical near-tie")
+    parser.add_argument("--upstream-count", metavar="TOKENIZER",
+                        help="count the baseline's tokens as upstream speed.py does (re-tokenised text)")
+    parser.add_argument("--no-figures", action="store_true")
+    opts = parser.parse_args(args)
+    from pathlib import Path
+
+    from specbench import leaderboard
+
+    tokenizer = None
+    if opts.upstream_count:
+        from transformers import AutoTokenizer
+
+        from specbench.models import resolve_path
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_path(opts.upstream_count))
+    groups, written = leaderboard.build(
+        Path(opts.results), Path(opts.out), upstream_model=opts.upstream_model, tie_margin=opts.tie_margin,
+        upstream_tokenizer=tokenizer, figures=not opts.no_figures,
+    )
+    for group in groups:
+        if group.results:
+            print(leaderboard.console(group))
+        for problem in group.problems:
+            print(f"warning: {problem}", file=sys.stderr)
+    print(leaderboard.DEFINITIONS)
+    if written:
+        print(f"\nwrote {len(written)} files to {opts.out}")
+    return 0 if any(g.results for g in groups) else 1
+
+
+def _check(args: list[str]) -> int:
+    from specbench.check import check_main
+
+    return check_main(args)
+
+
 def _zoo(args: list[str]) -> int:
     from specbench.zoo import zoo_main
 
     return zoo_main(args)
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"run": _run, "data": _data, "zoo": _zoo}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "run": _run, "report": _report, "check": _check, "data": _data, "zoo": _zoo,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

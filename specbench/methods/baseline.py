@@ -10,21 +10,34 @@ from specbench.stopping import StopCriteria
 from specbench.timing import Timer
 
 
+def top2_margin(logits: torch.Tensor) -> float:
+    """Gap between the two largest logits: how close greedy decoding was to a tie."""
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return round(float(top[..., 0] - top[..., 1]), 5)
+
+
 class Baseline(Method):
+    """The reference. In greedy mode it also records the top-2 logit margin of every token,
+    so the report's lossless audit can tell numerical near-ties from real mismatches."""
+
     @torch.inference_mode()
     def decode(
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
     ) -> GenerationResult:
         tokens = list(state.tokens)
         accept_lengths: list[int] = []
+        margins = [top2_margin(state.logits)] if sampling.greedy and state.logits is not None else None
+        stats = {"top2_margin": margins} if margins is not None else {}
         cache = state.cache
         device = self.target.device
         if stop.cut(tokens, 0) is not None:
-            return GenerationResult(tokens, accept_lengths)
+            return GenerationResult(tokens, accept_lengths, stats)
         while True:
             step_input = torch.tensor([[tokens[-1]]], device=device)
             logits = self.target.model(input_ids=step_input, cache=cache, use_cache=True).logits[:, -1, :]
             tokens.append(int(next_token(logits, sampling)[0]))
             accept_lengths.append(1)
+            if margins is not None:
+                margins.append(top2_margin(logits))
             if stop.cut(tokens, len(tokens) - 1) is not None:
-                return GenerationResult(tokens, accept_lengths)
+                return GenerationResult(tokens, accept_lengths, stats)

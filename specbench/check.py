@@ -1,0 +1,137 @@
+"""`python -m specbench check`: fail CI when speedup or acceptance regresses.
+
+A reference (`results/reference/<dataset>-<model>[-quick].json`, written by `--update`)
+holds each method's per-subtask #mean accepted tokens and speedup with its noise. Acceptance
+is deterministic under greedy decoding, so it gets a tight absolute tolerance; speedup gets a
+relative one that widens with the measured run-to-run / bootstrap noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench import report
+from specbench.config import CONFIG_DIR
+from specbench.data import SUBTASKS
+from specbench.errors import SpecbenchError
+from specbench.table import markdown
+
+ORDER = [*SUBTASKS, "overall"]
+
+
+def load_check_config(overrides: list[str] | None = None) -> DictConfig:
+    cfg = OmegaConf.load(CONFIG_DIR / "check.yaml")
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides or []))
+
+
+def relative_noise(row: dict[str, float]) -> float:
+    """One-sigma relative noise of a speedup: the larger of run-to-run std and a quarter of
+    the 95% bootstrap interval's width."""
+    width = row.get("ci_high", math.nan) - row.get("ci_low", math.nan)
+    sigma = max(row.get("speedup_std", 0.0), width / 4 if width == width else 0.0)
+    return sigma / row["speedup"] if row["speedup"] else 0.0
+
+
+def snapshot(group: report.Group, limit: int | None) -> dict[str, Any]:
+    """The reference record of one analysed group."""
+    methods = {}
+    for r in group.results:
+        methods[r.method] = {
+            subtask: {"speedup": row["speedup"], "noise": relative_noise(row), "mean_accepted": row["mean_accepted"],
+                      "questions": row["questions"]}
+            for subtask, row in r.rows.items()
+        }
+    return {"dataset": group.dataset, "model": group.model, "temperature": group.temperature, "limit": limit,
+            "environment": group.environment(), "methods": methods}
+
+
+def reference_path(ref_dir: Path, group: report.Group, quick: bool) -> Path:
+    name = f"{group.dataset}-{group.model}" + ("" if group.temperature == 0 else f"-temp-{group.temperature:g}")
+    return ref_dir / f"{name}{'-quick' if quick else ''}.json"
+
+
+def compare(ref: dict[str, Any], now: dict[str, Any], tol: DictConfig) -> tuple[list[list[str]], bool]:
+    """Rows of (method, subtask, metric, reference, now, delta, verdict) and whether any regressed."""
+    rows, regressed = [], False
+    for method, subtasks in sorted(ref["methods"].items()):
+        for subtask, old in sorted(subtasks.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 99):
+            new = now["methods"].get(method, {}).get(subtask)
+            if new is None:
+                rows.append([method, subtask, "-", "-", "-", "-", "MISSING"])
+                regressed = True
+                continue
+            acc_delta = new["mean_accepted"] - old["mean_accepted"]
+            acc_bad = acc_delta < -tol.mean_accepted_abs
+            rows.append([method, subtask, "#mean accepted", f"{old['mean_accepted']:.3f}",
+                         f"{new['mean_accepted']:.3f}", f"{acc_delta:+.3f}", "REGRESSED" if acc_bad else "ok"])
+            allowed = max(tol.speedup_rel_min, tol.noise_sigmas * math.hypot(old["noise"], new["noise"]))
+            rel = new["speedup"] / old["speedup"] - 1 if old["speedup"] else 0.0
+            speed_bad = method != report.BASELINE and rel < -allowed
+            rows.append([method, subtask, "speedup", f"{old['speedup']:.2f}x", f"{new['speedup']:.2f}x",
+                         f"{rel:+.1%} (allowed -{allowed:.0%})", "REGRESSED" if speed_bad else "ok"])
+            regressed |= acc_bad or speed_bad
+    return rows, regressed
+
+
+def run_quick(cfg: DictConfig, out_dir: Path) -> None:
+    """Run the quick methods on the embedded default into `out_dir`."""
+    from hydra import compose, initialize_config_dir
+
+    from specbench import runner
+
+    for method in cfg.quick.methods:
+        overrides = [f"method={method}", f"output_dir={out_dir}", *cfg.quick.overrides]
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            run_cfg = compose("config", overrides=overrides)
+        runner.run(run_cfg)
+
+
+def check(results_dir: Path, ref_dir: Path, cfg: DictConfig, *, update: bool, quick: bool,
+          limit: int | None = None) -> int:
+    groups = [report.analyse(g) for g in report.group_runs(report.load_runs(results_dir))]
+    groups = [g for g in groups if g.results]
+    if not groups:
+        raise SpecbenchError(f"no results with a baseline under {results_dir}; run the methods first")
+    status = 0
+    for group in groups:
+        path = reference_path(ref_dir, group, quick)
+        now = snapshot(group, limit)
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(now, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            print(f"wrote reference {path} ({len(now['methods'])} methods)")
+            continue
+        if not path.exists():
+            print(f"{group.title}: no reference {path}; write one with `check --update`")
+            continue
+        rows, regressed = compare(json.loads(path.read_text(encoding="utf-8")), now, cfg.tolerance)
+        print(f"\n{group.title} against {path}\n")
+        print(markdown(["Method", "Subtask", "Metric", "Reference", "Now", "Delta", "Verdict"], rows))
+        print(f"\n{'REGRESSION' if regressed else 'no regression'}: {group.title}")
+        status |= int(regressed)
+    return status
+
+
+def check_main(args: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m specbench check", description=__doc__.splitlines()[0])
+    parser.add_argument("--results", help="answer files to check (default: check.yaml's results_dir)")
+    parser.add_argument("--reference", help="reference folder (default: check.yaml's reference_dir)")
+    parser.add_argument("--update", action="store_true", help="write the reference from these results")
+    parser.add_argument("--quick", action="store_true", help="run a small slice of the embedded default first")
+    parser.add_argument("overrides", nargs="*", help="check.yaml overrides, e.g. tolerance.speedup_rel_min=0.2")
+    opts = parser.parse_args(args)
+    cfg = load_check_config(opts.overrides)
+    ref_dir = Path(opts.reference or cfg.reference_dir)
+    if opts.quick:
+        with tempfile.TemporaryDirectory(prefix="specbench-check-") as tmp:
+            run_quick(cfg, Path(tmp))
+            return check(Path(tmp), ref_dir, cfg, update=opts.update, quick=True)
+    return check(Path(opts.results or cfg.results_dir), ref_dir, cfg, update=opts.update, quick=False)

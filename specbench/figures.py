@@ -1,0 +1,113 @@
+"""Figures in the style of the Spec-Bench paper: Figure 5 (speedup per subtask), Figure 6
+(speedup against temperature) and acceptance plots. PNG and SVG, one colour per method."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specbench.data import SUBTASK_TITLES, SUBTASKS  # noqa: E402
+from specbench.report import BASELINE, Group, MethodResult  # noqa: E402
+
+PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
+           "#CCB974", "#64B5CD", "#1B9E77", "#D95F02", "#7570B3", "#E7298A"]
+KNOWN = ["sps", "pld", "eagle", "eagle2", "medusa", "lookahead", "jacobi", "rest", "recycling", "self_spec",
+         "hf_assisted", "hf_pld"]
+
+
+def colour(method: str) -> str:
+    """The same colour for a method in every figure (known methods first, others by hash)."""
+    if method in KNOWN:
+        return PALETTE[KNOWN.index(method) % len(PALETTE)]
+    return PALETTE[int(hashlib.sha256(method.encode()).hexdigest(), 16) % len(PALETTE)]
+
+
+def _error(row: dict[str, float], runs: int) -> tuple[float, float]:
+    """Error bar: std over runs when there are several, else the bootstrap interval."""
+    if runs > 1:
+        return row["speedup_std"], row["speedup_std"]
+    low, high = row.get("ci_low", float("nan")), row.get("ci_high", float("nan"))
+    if low != low or high != high:
+        return 0.0, 0.0
+    return max(0.0, row["speedup"] - low), max(0.0, high - row["speedup"])
+
+
+def _save(fig: plt.Figure, base: Path) -> list[Path]:
+    paths = [base.with_suffix(".png"), base.with_suffix(".svg")]
+    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def _methods(group: Group) -> list[MethodResult]:
+    return [r for r in group.results if r.method != BASELINE]
+
+
+def figure5(group: Group, base: Path) -> list[Path]:
+    """Grouped bars: speedup of each method on each subtask and overall."""
+    results = _methods(group)
+    keys = [s for s in SUBTASKS if any(s in r.rows for r in results)] + ["overall"]
+    width = 0.8 / max(1, len(results))
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(keys) + 0.4 * len(results)), 4))
+    for i, r in enumerate(results):
+        xs = [k + (i - (len(results) - 1) / 2) * width for k in range(len(keys))]
+        ys = [r.rows[s]["speedup"] if s in r.rows else 0 for s in keys]
+        errs = list(zip(*[_error(r.rows[s], r.runs) if s in r.rows else (0, 0) for s in keys]))
+        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=r.method, color=colour(r.method))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="baseline (1.00x)")
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([SUBTASK_TITLES.get(k, "Overall").replace(" ", "\n", 1) for k in keys], fontsize=8)
+    ax.set_ylabel("Speedup over autoregressive decoding (x)")
+    ax.set_title(f"Speedup per subtask: {group.title}", fontsize=10)
+    ax.legend(fontsize=8, ncol=min(4, len(results) + 1), loc="upper left", bbox_to_anchor=(0, -0.18))
+    return _save(fig, base)
+
+
+def figure6(groups: list[Group], base: Path) -> list[Path]:
+    """Overall speedup against temperature, one line per method (groups of one dataset/model)."""
+    series: dict[str, list[tuple[float, float, tuple[float, float]]]] = {}
+    for group in sorted(groups, key=lambda g: g.temperature):
+        for r in _methods(group):
+            row = r.rows["overall"]
+            series.setdefault(r.method, []).append((group.temperature, row["speedup"], _error(row, r.runs)))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, points in sorted(series.items()):
+        xs, ys, errs = zip(*points)
+        ax.errorbar(xs, ys, yerr=list(zip(*errs)), marker="o", capsize=3, label=method, color=colour(method))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("Temperature")
+    ax.set_ylabel("Overall speedup (x)")
+    ax.set_title(f"Speedup against temperature: {groups[0].dataset} / {groups[0].model}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, base)
+
+
+def acceptance(group: Group, base: Path) -> list[Path]:
+    """Left: share of steps by accepted length. Right: per-depth acceptance rate."""
+    results = _methods(group)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(results))
+    for i, r in enumerate(results):
+        total = sum(r.accept_hist.values()) or 1
+        lengths = sorted(r.accept_hist)
+        left.bar([n + (i - (len(results) - 1) / 2) * width for n in lengths],
+                 [r.accept_hist[n] / total for n in lengths], width, label=r.method, color=colour(r.method))
+        if r.depth_acceptance:
+            depths = range(1, len(r.depth_acceptance) + 1)
+            right.plot(depths, r.depth_acceptance, marker="o", label=r.method, color=colour(r.method))
+    left.set_xlabel("Tokens accepted per target forward (bonus included)")
+    left.set_ylabel("Share of decoding steps")
+    left.legend(fontsize=8)
+    right.set_xlabel("Draft depth d")
+    right.set_ylabel("Acceptance rate at depth d")
+    right.set_ylim(0, 1.02)
+    if right.lines:
+        right.legend(fontsize=8)
+    fig.suptitle(f"Acceptance: {group.title}", fontsize=10)
+    return _save(fig, base)

@@ -1,0 +1,196 @@
+"""Leaderboard files (Markdown, CSV, LaTeX) shaped like upstream Spec-Bench's table."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from specbench.data import SUBTASK_TITLES, SUBTASKS
+from specbench.report import BASELINE, Group, MethodResult
+from specbench.table import markdown
+
+DEFINITIONS = (
+    "Speedup: mean per-question tokens/s of the method divided by the baseline's on the same questions "
+    "(upstream Spec-Bench definition), mean over runs; ± is the std over runs, [lo, hi] the 95% bootstrap "
+    "interval over questions. #Mean accepted tokens: tokens emitted per target forward, bonus token included "
+    "(1.00 for autoregressive decoding). Per-depth acceptance: of the steps whose draft reached depth d, the "
+    "share that accepted the token at depth d. Tokens are counted from generated token ids."
+)
+
+
+def stem(group: Group) -> str:
+    base = f"{group.dataset}-{group.model}"
+    return base if group.temperature == 0 else f"{base}-temp-{group.temperature:g}"
+
+
+def _fmt(x: float, spec: str = ".2f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _subtasks(group: Group) -> list[str]:
+    present = {s for r in group.results for s in r.rows}
+    return [s for s in SUBTASKS if s in present]
+
+
+def _speedup_cell(row: dict[str, float], runs: int) -> str:
+    cell = f"{_fmt(row['speedup'])}x"
+    return cell + (f" ± {_fmt(row['speedup_std'])}" if runs > 1 else "")
+
+
+def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
+    subtasks = _subtasks(group)
+    headers = ["Method", *[SUBTASK_TITLES[s] for s in subtasks], "#Mean Accepted Tokens", "Overall"]
+    rows = []
+    for r in group.results:
+        rows.append([r.method, *[_speedup_cell(r.rows[s], r.runs) if s in r.rows else "-" for s in subtasks],
+                     _fmt(r.rows["overall"]["mean_accepted"]), _speedup_cell(r.rows["overall"], r.runs)])
+    return headers, rows
+
+
+def _split(r: MethodResult) -> str:
+    if not r.time_split:
+        return "-"
+    return " / ".join(f"{k} {v:.0%}" for k, v in r.time_split.items())
+
+
+def _audit(r: MethodResult) -> str:
+    if r.audit is None:
+        return "-" if r.method == BASELINE else "n/a (sampled)"
+    a = r.audit
+    bugs = sum(not m["near_tie"] for m in a["mismatches"])
+    text = f"{a['equal']}/{a['compared']} equal"
+    if a["mismatches"]:
+        text += f", {len(a['mismatches']) - bugs} near-tie, {bugs} NOT near-tie"
+    return text
+
+
+def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
+    headers = ["Method", "tok/s", "Overall 95% CI", "Per-depth acceptance", "Time split", "Lossless audit",
+               "Drafting", "Verification", "Training", "Extra params"]
+    rows = []
+    for r in group.results:
+        o = r.rows["overall"]
+        depth = " ".join(f"{x:.2f}" for x in r.depth_acceptance[:8]) if r.depth_acceptance else "-"
+        f = r.facts
+        params = f.get("extra_parameters")
+        rows.append([
+            r.method, f"{_fmt(o['tokens_per_s'], '.1f')} ± {_fmt(o['tokens_per_s_std'], '.1f')}",
+            f"[{_fmt(o['ci_low'])}, {_fmt(o['ci_high'])}]", depth, _split(r), _audit(r),
+            f.get("drafting", "-"), f.get("verification", "-"), str(f.get("training", "-")),
+            f"{params / 1e6:.2f}M" if isinstance(params, (int, float)) else "-",
+        ])
+    return headers, rows
+
+
+def environment_line(group: Group) -> str:
+    env = group.environment()
+    if not env:
+        return "Environment: not recorded (upstream answer files)."
+    keys = ("device_name", "device", "dtype", "threads", "torch", "transformers", "python", "git_commit")
+    return "Environment: " + ", ".join(f"{k}={env.get(k)}" for k in keys if env.get(k) is not None)
+
+
+def render_markdown(group: Group) -> str:
+    runs = max((r.runs for r in group.results), default=0)
+    questions = group.results[0].rows["overall"]["questions"] if group.results else 0
+    parts = [
+        f"# Leaderboard: {group.title}",
+        "",
+        f"{questions} questions, {runs} run(s). {environment_line(group)}",
+        "",
+        markdown(*main_table(group)),
+        "",
+        "## Details",
+        "",
+        markdown(*detail_table(group)),
+        "",
+        DEFINITIONS,
+    ]
+    for r in group.results:
+        for m in (r.audit or {}).get("mismatches", [])[:10]:
+            parts.append(f"- {r.method}: question {m['question_id']} run {m['run']} turn {m['turn'] + 1} diverges at "
+                         f"token {m['position']} (baseline top-2 margin {m['margin']}; "
+                         f"{'near-tie' if m['near_tie'] else 'NOT a near-tie: a bug'})")
+    return "\n".join(parts) + "\n"
+
+
+def write_csv(group: Group, path: Path) -> None:
+    subtasks = _subtasks(group) + ["overall"]
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        head: list[str] = ["method", "runs"]
+        for s in subtasks:
+            head += [f"{s}_speedup", f"{s}_speedup_std", f"{s}_ci_low", f"{s}_ci_high", f"{s}_mean_accepted",
+                     f"{s}_tokens_per_s"]
+        writer.writerow(head)
+        for r in group.results:
+            row: list[Any] = [r.method, r.runs]
+            for s in subtasks:
+                x = r.rows.get(s, {})
+                row += [round(x.get(k, float("nan")), 4) for k in
+                        ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "tokens_per_s")]
+            writer.writerow(row)
+
+
+def _tex_escape(text: str) -> str:
+    return text.replace("_", r"\_").replace("%", r"\%").replace("#", r"\#")
+
+
+def render_tex(group: Group) -> str:
+    headers, rows = main_table(group)
+    lines = [r"\begin{tabular}{l" + "c" * (len(headers) - 1) + "}", r"\toprule",
+             " & ".join(_tex_escape(h) for h in headers) + r" \\", r"\midrule"]
+    lines += [" & ".join(_tex_escape(c).replace("±", r"$\pm$") for c in row) + r" \\" for row in rows]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_group(group: Group, out_dir: Path) -> list[Path]:
+    """Write <dataset>-<model>[-temp-t].{md,csv,tex}; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, csv_path, tex = (out_dir / f"{stem(group)}.{ext}" for ext in ("md", "csv", "tex"))
+    md.write_text(render_markdown(group), encoding="utf-8")
+    write_csv(group, csv_path)
+    tex.write_text(render_tex(group), encoding="utf-8")
+    return [md, csv_path, tex]
+
+
+def console(group: Group) -> str:
+    return f"\n{group.title}  ({environment_line(group)})\n\n{markdown(*main_table(group))}\n"
+
+
+def build(
+    results_dir: Path, out_dir: Path, *, upstream_model: str = "upstream", tie_margin: float = 0.05,
+    upstream_tokenizer: Any = None, figures: bool = True,
+) -> tuple[list[Group], list[Path]]:
+    """Analyse every group under `results_dir`, write tables (and figures) to `out_dir`."""
+    from specbench import report
+
+    groups = [report.analyse(g, tie_margin=tie_margin, upstream_tokenizer=upstream_tokenizer)
+              for g in report.group_runs(report.load_runs(results_dir, upstream_model))]
+    written: list[Path] = []
+    for group in groups:
+        if group.results:
+            written += write_group(group, out_dir)
+    if figures:
+        written += _figures(groups, out_dir)
+    return groups, written
+
+
+def _figures(groups: list[Group], out_dir: Path) -> list[Path]:
+    from specbench import figures
+
+    written: list[Path] = []
+    by_model: dict[tuple[str, str], list[Group]] = {}
+    for group in groups:
+        if not any(r.method != BASELINE for r in group.results):
+            continue
+        written += figures.figure5(group, out_dir / f"{stem(group)}-fig5")
+        written += figures.acceptance(group, out_dir / f"{stem(group)}-acceptance")
+        by_model.setdefault((group.dataset, group.model), []).append(group)
+    for (dataset, model), same in by_model.items():
+        if len(same) > 1:
+            written += figures.figure6(same, out_dir / f"{dataset}-{model}-fig6")
+    return written
