@@ -16,6 +16,8 @@ commands:
                        (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps)
   report [results]     leaderboard tables (md/csv/tex) and figures from answer files
   check [--quick] [--update]  compare results with results/reference; exit 1 on a regression
+  recommend --memory-gb X --training yes|no [--temperature T]
+                       the best measured method within those constraints, with its numbers
   data fetch           download the official Spec-Bench questions (SHA-256 checked)
   data synth           write the embedded synthetic benchmark to data/synthetic/
   zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
@@ -125,6 +127,12 @@ def _check(args: list[str]) -> int:
     return check_main(args)
 
 
+def _recommend(args: list[str]) -> int:
+    from specbench.recommend import recommend_main
+
+    return recommend_main(args)
+
+
 def _zoo(args: list[str]) -> int:
     from specbench.zoo import zoo_main
 
@@ -132,7 +140,7 @@ def _zoo(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "run": _run, "report": _report, "check": _check, "data": _data, "zoo": _zoo,
+    "run": _run, "report": _report, "check": _check, "recommend": _recommend, "data": _data, "zoo": _zoo,
 }
 
 

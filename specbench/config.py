@@ -14,7 +14,7 @@ from specbench.data import SUBTASKS
 from specbench.errors import SpecbenchError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-GROUPS = ("model", "method", "task", "dataset")
+GROUPS = ("model", "method", "task", "dataset", "sweep")
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 

@@ -144,6 +144,8 @@ class Session:
             "identity": ident,
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "environment": environment(self.target),
+            "target_parameters": sum(p.numel() for p in self.target.model.parameters()),
+            "extra_parameters": method.extra_parameters(),
             "started": time.time(),
         })
         method.reset()

@@ -58,6 +58,11 @@ class Method:
         self.cfg = cfg  # the method's config group
         self.model_cfg = model_cfg  # the model's config group (draft path, template, ...)
 
+    def extra_parameters(self) -> int:
+        """Parameters the method adds to the target (draft model, heads), counted from the
+        loaded modules; 0 for training-free methods."""
+        return 0
+
     def reset(self) -> None:
         """Forget state carried across questions (called at the start of every run)."""
 

@@ -1,0 +1,166 @@
+"""Report, leaderboard and check on hand-made answer files whose numbers are known."""
+
+import json
+import math
+
+from helpers import specbench
+from specbench import leaderboard, report
+from specbench.answers import AnswerWriter, run_dir, write_meta
+from specbench.check import compare, load_check_config, snapshot
+from specbench.metrics import speedup_rows
+
+CATS = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
+
+
+def record(qid, category, tokens, seconds, accept, ids=None, margins=None, depths=None):
+    return {
+        "question_id": qid, "category": category, "answer_id": f"a{qid}", "model_id": "m", "tstamp": 0.0,
+        "choices": [{"index": 0, "turns": ["x"], "decoding_steps": [len(accept)], "new_tokens": [tokens],
+                     "wall_time": [seconds], "accept_lengths": accept}],
+        "specbench": {"output_ids": [ids or list(range(tokens))], "prefill_time": [seconds / 10],
+                      "sections": [{"draft": seconds / 5, "verify": seconds / 2}],
+                      "stats": [{"top2_margin": margins} if margins else ({"draft_depths": depths} if depths else {})]},
+    }
+
+
+def write_run(root, method, records, temperature=0.0, run=1, facts=None):
+    folder = run_dir(root, "synthetic", "tiny", method, temperature, run)
+    with AnswerWriter(folder / "answers.jsonl") as w:
+        for r in records:
+            w.write(r)
+    write_meta(folder / "meta.json", {"identity": {"dtype": "float32"}, "environment": {"device": "cpu"},
+                                      "config": {"method": {"name": method, "facts": facts or {}}},
+                                      "target_parameters": 1000, "extra_parameters": 10})
+    return folder
+
+
+def base_records(seconds=1.0):
+    return [record(i, c, 10, seconds, [1] * 9, margins=[0.01] * 10) for i, c in enumerate(CATS)]
+
+
+def test_speedup_uses_upstream_definition():
+    base = [record(1, "qa", 10, 1.0, [1] * 9), record(2, "qa", 10, 2.0, [1] * 9)]
+    ours = [record(1, "qa", 10, 0.5, [3, 3, 3]), record(2, "qa", 10, 0.5, [5, 4])]
+    rows = speedup_rows(ours, base)
+    # mean tok/s: ours (20 + 20) / 2 = 20; baseline (10 + 5) / 2 = 7.5
+    assert rows[0]["subtask"] == "qa" and math.isclose(rows[0]["speedup"], 20 / 7.5)
+    assert math.isclose(rows[0]["mean_accepted"], 18 / 5)
+
+
+def test_report_groups_runs_and_computes_noise(tmp_path):
+    root = tmp_path / "answers"
+    for run, secs in ((1, 1.0), (2, 1.0)):
+        write_run(root, "baseline", base_records(secs), run=run)
+    write_run(root, "fast", [record(i, c, 10, 0.5, [2] * 4 + [1], depths=[3] * 5) for i, c in enumerate(CATS)], run=1)
+    write_run(root, "fast", [record(i, c, 10, 0.25, [2] * 4 + [1], depths=[3] * 5) for i, c in enumerate(CATS)], run=2)
+    (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(root))]
+    fast = next(r for r in group.results if r.method == "fast")
+    assert group.results[0].method == "fast"  # sorted by overall speedup
+    assert math.isclose(fast.rows["overall"]["speedup"], (2 + 4) / 2)
+    assert math.isclose(fast.rows["overall"]["speedup_std"], math.sqrt(2))
+    assert fast.rows["overall"]["ci_low"] <= fast.rows["overall"]["ci_high"]
+    assert math.isclose(fast.rows["qa"]["mean_accepted"], 9 / 5)
+    # depth 1 reached 5 times per question, accepted 4 times; depth 2 never accepted
+    assert fast.depth_acceptance[:2] == [0.8, 0.0]
+    assert math.isclose(fast.time_split["draft"], 0.2) and math.isclose(fast.time_split["other"], 0.2)
+    assert fast.audit["equal"] == fast.audit["compared"] == 12
+
+
+def test_lossless_audit_tells_near_ties_from_bugs(tmp_path):
+    root = tmp_path / "answers"
+    base = base_records()
+    base[0]["specbench"]["stats"][0]["top2_margin"] = [5.0, 0.01, 5.0] + [5.0] * 7
+    base[2]["specbench"]["stats"][0]["top2_margin"] = [3.0] * 10
+    write_run(root, "baseline", base)
+    ours = base_records()
+    ours[0]["specbench"]["output_ids"] = [[0, 99] + list(range(2, 10))]  # diverges at a near-tie
+    ours[1]["specbench"]["output_ids"] = [[0, 1, 2, 99] + list(range(4, 10))]  # diverges where margin 0.01
+    ours[2]["specbench"]["output_ids"] = [[77] + list(range(1, 10))]
+    write_run(root, "buggy", ours)
+    (group,) = [report.analyse(g, tie_margin=0.05) for g in report.group_runs(report.load_runs(root))]
+    audit = next(r for r in group.results if r.method == "buggy").audit
+    assert audit["compared"] == 6 and audit["equal"] == 3
+    verdicts = {m["question_id"]: m["near_tie"] for m in audit["mismatches"]}
+    assert verdicts == {0: True, 1: True, 2: False}
+    text = leaderboard.render_markdown(group)
+    assert "3/6 equal, 2 near-tie, 1 NOT near-tie" in text and "NOT a near-tie: a bug" in text
+
+
+def test_missing_baseline_is_named_and_others_still_reported(tmp_path):
+    root = tmp_path / "answers"
+    write_run(root, "baseline", base_records())
+    write_run(root, "fast", base_records(0.5))
+    write_run(root, "orphan", base_records(), temperature=0.7)
+    proc = specbench("report", str(root), "--out", str(tmp_path / "lb"), cwd=tmp_path, check=True)
+    assert "no baseline answers" in proc.stderr and "temperature 0.7" in proc.stderr
+    assert "| fast " in proc.stdout and "2.00x" in proc.stdout
+    md = (tmp_path / "lb" / "synthetic-tiny.md").read_text()
+    assert "Multi-turn Conversation" in md and "#Mean Accepted Tokens" in md and "device=cpu" in md
+    assert (tmp_path / "lb" / "synthetic-tiny.csv").read_text().startswith("method,runs,mt_bench_speedup")
+    assert r"\begin{tabular}" in (tmp_path / "lb" / "synthetic-tiny.tex").read_text()
+    for name in ("synthetic-tiny-fig5.png", "synthetic-tiny-fig5.svg", "synthetic-tiny-acceptance.png"):
+        assert (tmp_path / "lb" / name).stat().st_size > 1000
+
+
+def test_upstream_answer_files_are_read(tmp_path):
+    folder = tmp_path / "spec_bench" / "model_answer_temp0_run_1"
+    folder.mkdir(parents=True)
+    for name, secs in (("vicuna-7b-v1.3-vanilla-float16-temp-0.0", 1.0), ("vicuna-7b-v1.3-pld-float16-temp-0.0", 0.5)):
+        with (folder / f"{name}.jsonl").open("w") as fh:
+            for r in base_records(secs):
+                r.pop("specbench")
+                fh.write(json.dumps(r) + "\n")
+    (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(tmp_path, "vicuna"))]
+    assert group.dataset == "spec_bench" and group.model == "vicuna"
+    pld = next(r for r in group.results if r.method == "vicuna-7b-v1.3-pld-float16")
+    assert math.isclose(pld.rows["overall"]["speedup"], 2.0)
+
+
+def test_check_flags_a_regression_and_passes_unchanged(tmp_path):
+    root = tmp_path / "answers"
+    write_run(root, "baseline", base_records())
+    write_run(root, "fast", [record(i, c, 10, 0.5, [2] * 5) for i, c in enumerate(CATS)])
+    (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(root))]
+    ref = snapshot(group, None)
+    tol = load_check_config().tolerance
+    assert compare(ref, ref, tol)[1] is False
+    slower = json.loads(json.dumps(ref))
+    slower["methods"]["fast"]["overall"]["speedup"] *= 0.5
+    assert compare(ref, slower, tol)[1] is True
+    worse = json.loads(json.dumps(ref))
+    worse["methods"]["fast"]["qa"]["mean_accepted"] -= 0.2
+    rows, regressed = compare(ref, worse, tol)
+    assert regressed and ["fast", "qa", "#mean accepted"] == next(r for r in rows if r[-1] == "REGRESSED")[:3]
+    noisy = json.loads(json.dumps(slower))
+    noisy["methods"]["fast"]["overall"]["noise"] = 0.5  # a drop within the measured noise is not a regression
+    assert compare(ref, noisy, tol)[1] is False
+
+
+def test_check_command_exit_codes(tmp_path):
+    root = tmp_path / "answers"
+    write_run(root, "baseline", base_records())
+    folder = write_run(root, "fast", [record(i, c, 10, 0.5, [2] * 5) for i, c in enumerate(CATS)])
+    args = ["check", "--results", str(root), "--reference", str(tmp_path / "ref")]
+    specbench(*args, "--update", cwd=tmp_path, check=True)
+    assert specbench(*args, cwd=tmp_path).returncode == 0
+    # make it slower: the same answers take 4x longer
+    (folder / "answers.jsonl").write_text("".join(
+        json.dumps(record(i, c, 10, 2.0, [2] * 5)) + "\n" for i, c in enumerate(CATS)))
+    proc = specbench(*args, cwd=tmp_path)
+    assert proc.returncode == 1 and "REGRESSED" in proc.stdout and "REGRESSION" in proc.stdout
+
+
+def test_recommend_respects_constraints(tmp_path):
+    root = tmp_path / "answers"
+    write_run(root, "baseline", base_records(), facts={"training": False})
+    write_run(root, "trained", base_records(0.25), facts={"training": True})
+    write_run(root, "free", base_records(0.5), facts={"training": False})
+    proc = specbench("recommend", "--memory-gb", "1", "--training", "no", "--results", str(root), cwd=tmp_path,
+                     check=True)
+    assert "Recommendation: free" in proc.stdout and "2.00x" in proc.stdout
+    proc = specbench("recommend", "--memory-gb", "1", "--training", "yes", "--results", str(root), cwd=tmp_path,
+                     check=True)
+    assert "Recommendation: trained" in proc.stdout
+    proc = specbench("recommend", "--memory-gb", "0.000001", "--training", "yes", "--results", str(root),
+                     cwd=tmp_path)
+    assert proc.returncode == 1 and "too large" in proc.stdout
