@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from specbench.data import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 from specbench.report import BASELINE, Group, MethodResult  # noqa: E402
@@ -38,7 +39,7 @@ def _error(row: dict[str, float], runs: int) -> tuple[float, float]:
 
 
 def _save(fig: plt.Figure, base: Path) -> list[Path]:
-    paths = [base.with_suffix(".png"), base.with_suffix(".svg")]
+    paths = [base.parent / f"{base.name}.png", base.parent / f"{base.name}.svg"]
     fig.savefig(paths[0], dpi=150, bbox_inches="tight")
     fig.savefig(paths[1], bbox_inches="tight")
     plt.close(fig)
@@ -101,6 +102,8 @@ def acceptance(group: Group, base: Path) -> list[Path]:
         if r.depth_acceptance:
             depths = range(1, len(r.depth_acceptance) + 1)
             right.plot(depths, r.depth_acceptance, marker="o", label=r.method, color=colour(r.method))
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_xlabel("Tokens accepted per target forward (bonus included)")
     left.set_ylabel("Share of decoding steps")
     left.legend(fontsize=8)
