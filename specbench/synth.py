@@ -228,6 +228,7 @@ class _Mountain:
     name: str
     height: int
     region: str
+    climbed: int
     rivers: list[str] = field(default_factory=list)
 
 
@@ -236,6 +237,7 @@ class _Lake:
     name: str
     area: int
     region: str
+    depth: int
     rivers: list[str] = field(default_factory=list)
 
 
@@ -272,11 +274,12 @@ def _world() -> _World:
     mountains = {}
     for name in _MOUNTAIN_NAMES:
         full = "Mount " + name
-        mountains[full] = _Mountain(full, rng.randint(9, 48) * 100 + rng.randint(0, 99), rng.choice(_REGIONS))
+        mountains[full] = _Mountain(full, rng.randint(9, 48) * 100 + rng.randint(0, 99), rng.choice(_REGIONS),
+                                    rng.randint(1780, 1960))
     lakes = {}
     for name in _LAKE_NAMES:
         full = "Lake " + name
-        lakes[full] = _Lake(full, rng.randint(5, 600), rng.choice(_REGIONS))
+        lakes[full] = _Lake(full, rng.randint(5, 600), rng.choice(_REGIONS), rng.randint(8, 300))
 
     rivers = {}
     for name in _RIVER_NAMES:
@@ -354,10 +357,6 @@ def _world() -> _World:
     return _World(towns, persons, rivers, companies, mountains, lakes, entities)
 
 
-def _river_ref(name: str) -> str:
-    return "the river " + name
-
-
 def _facts(world: _World, kind: str, name: str) -> list[tuple[str, str]]:
     """The entity's facts as (attribute, sentence), in a fixed order."""
     out: list[tuple[str, str]] = []
@@ -409,6 +408,7 @@ def _facts(world: _World, kind: str, name: str) -> list[tuple[str, str]]:
         out = [
             ("height", f"{name} is {m.height} metres high."),
             ("region", f"{name} stands in the province of {m.region}."),
+            ("climbed", f"{name} was first climbed in {m.climbed}."),
         ]
         if m.rivers:
             word = "river" if len(m.rivers) == 1 else "rivers"
@@ -418,6 +418,7 @@ def _facts(world: _World, kind: str, name: str) -> list[tuple[str, str]]:
         out = [
             ("area", f"{name} covers {lake.area} square kilometres."),
             ("region", f"{name} lies in the province of {lake.region}."),
+            ("depth", f"{name} is {lake.depth} metres deep."),
         ]
         if lake.rivers:
             if len(lake.rivers) == 1:
@@ -471,9 +472,11 @@ _QA_TEMPLATES: dict[tuple[str, str], tuple[str, ...]] = {
     ("company", "employees"): ("How many people work for {e}?", "How many people does {e} employ?"),
     ("mountain", "height"): ("How high is {e}?", "What is the height of {e}?"),
     ("mountain", "region"): ("In which province does {e} stand?", "Where is {e}?"),
+    ("mountain", "climbed"): ("When was {e} first climbed?", "In which year was {e} first climbed?"),
     ("mountain", "rivers"): ("Which rivers rise on {e}?", "Which rivers have their source on {e}?"),
     ("lake", "area"): ("How large is {e}?", "What area does {e} cover?"),
     ("lake", "region"): ("In which province does {e} lie?", "Where is {e}?"),
+    ("lake", "depth"): ("How deep is {e}?", "What is the depth of {e}?"),
     ("lake", "rivers"): ("Which rivers flow into {e}?", "What rivers feed {e}?"),
 }
 
@@ -576,27 +579,32 @@ def _gen_rag(rng: random.Random, world: _World) -> _Item:
     kind, name = _pick_entity(rng, world)
     facts = _facts(world, kind, name)
     attr = rng.choice([a for a, _ in facts])
+    target_sents = _passage_sentences(rng, facts, attr)
     n_passages = rng.randint(3, 5)
     same_kind = [e for e in world.entities if e[0] == kind and e[1] != name]
     picked: list[tuple[str, str]] = []
-    while len(picked) < n_passages - 1:
-        pool = same_kind if rng.random() < 0.6 else world.entities
-        cand = rng.choice(pool)
+    passages: list[list[str]] = []
+    # Distractors, mostly about entities of the same kind; add more (up to five passages in all)
+    # while the passages are shorter than about a hundred words.
+    while len(passages) < n_passages - 1 or (
+        len(passages) < 4 and sum(_words(s) for p in passages + [target_sents] for s in p) < 100
+    ):
+        cand = rng.choice(same_kind if rng.random() < 0.6 else world.entities)
         if cand[1] != name and cand not in picked:
             picked.append(cand)
-    target = rng.randint(0, n_passages - 1)
-    passages: list[list[str]] = []
-    for ent in picked:
-        passages.append(_passage_sentences(rng, _facts(world, *ent), None))
-    target_sents = _passage_sentences(rng, facts, attr)
+            passages.append(_passage_sentences(rng, _facts(world, *cand), None))
+    target = rng.randint(0, len(passages))
     passages.insert(target, target_sents)
     relevant = dict(facts)[attr]
     pos = target_sents.index(relevant)
-    second = target_sents[pos + 1] if pos + 1 < len(target_sents) else target_sents[pos - 1]
+    # Quote up to three consecutive sentences of the passage, starting with the relevant one
+    # where the passage allows.
+    start = max(0, min(pos, len(target_sents) - 3))
+    quoted = target_sents[start:start + 3]
     question = rng.choice(_QA_TEMPLATES[(kind, attr)]).format(e=name)
     body = "\n".join(f"Passage {i + 1}: " + " ".join(p) for i, p in enumerate(passages))
     prompt = f"{rng.choice(_RAG_INSTRUCTIONS)}\n\n{body}\n\nQuestion: {question}"
-    answer = f"According to passage {target + 1}, {_lower_the(relevant)} {second}"
+    answer = " ".join([f"According to passage {target + 1}, {_lower_the(quoted[0])}"] + quoted[1:])
     return _Item("rag", [prompt], [answer], {"entity": (kind, name)})
 
 
@@ -1092,7 +1100,7 @@ def translate_to_velari(text: str) -> str:
 
 
 def _gen_translation(rng: random.Random, world: _World) -> _Item:
-    n = rng.choice((1, 1, 1, 2, 2, 3))
+    n = rng.choice((1, 2, 2, 3))
     pairs = [_random_sentence(rng) for _ in range(n)]
     english = " ".join(e for e, _ in pairs)
     instruction = rng.choice(_TR_INSTRUCTIONS_ONE if n == 1 else _TR_INSTRUCTIONS_MANY)
@@ -1955,7 +1963,7 @@ def _gen_humanities(rng: random.Random, world: _World) -> _Item:
             t2 = f"Compare the town of {town} with the town of {other}."
             a2 = (f"The town of {older} is the older of the two: it was founded in {y_old}, while the town of "
                   f"{newer} was founded in {y_new}, so the difference is {y_new} - {y_old} = {y_new - y_old} "
-                  f"years. The town of {big} is also larger, with {p_big} people against {p_small}. The main "
+                  f"years. The town of {big} is the larger one, with {p_big} people against {p_small}. The main "
                   f"industry of the town of {town} is {t.industry}, and the main industry of the town of "
                   f"{other} is {o.industry}.")
         else:
@@ -2044,6 +2052,7 @@ def write_questions(path: str | os.PathLike, seed: int = 0) -> pathlib.Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8"))
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
