@@ -5,9 +5,11 @@ Layout: <output_dir>/<dataset>/<model>/<method>/temp-<t>/run-<r>/{answers.jsonl,
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import jsonlines
 from specbench.errors import SpecbenchError
 
 ANSWERS = "answers.jsonl"
+ERRORS = "errors.jsonl"  # questions that failed (reason per row); kept apart so answers stay upstream-readable
 META = "meta.json"
 EXTRA_KEY = "specbench"  # our fields beyond the upstream format live under this one key
 
@@ -91,3 +94,16 @@ def iter_run_dirs(root: str | os.PathLike) -> Iterator[Path]:
     """Every folder under `root` that holds an answers file."""
     for path in sorted(Path(root).rglob(ANSWERS)):
         yield path.parent
+
+
+@contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock for a run folder, so parallel jobs (Hydra launchers) that reach
+    the same folder (e.g. the shared baseline) take turns instead of writing twice."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -53,7 +53,10 @@ def _run(args: list[str]) -> int:
             sys.exit(_fail(exc))
 
     sys.argv = [f"{sys.argv[0]} run", *args]
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

@@ -102,6 +102,8 @@ def check_values(cfg: DictConfig) -> None:
             fail(f"{key} must be a positive integer, got {cfg[key]!r}")
     if not isinstance(cfg.warmup, int) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
+    if cfg.on_error not in ("record", "raise"):
+        fail(f"on_error must be record or raise, got {cfg.on_error!r}")
     if not selected_subtasks(cfg.task):
         fail(f"no subtask selected; use task=all or task=[{','.join(SUBTASKS[:2])}]")
     if OmegaConf.is_missing(cfg.model, "path") or not cfg.model.path:

@@ -108,6 +108,8 @@ def render_markdown(group: Group) -> str:
         "",
         DEFINITIONS,
     ]
+    if group.problems:
+        parts += ["", "## Problems", "", *[f"- {p}" for p in group.problems]]
     for r in group.results:
         for m in (r.audit or {}).get("mismatches", [])[:10]:
             parts.append(f"- {r.method}: question {m['question_id']} run {m['run']} turn {m['turn'] + 1} diverges at "

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from specbench import metrics
-from specbench.answers import ANSWERS, EXTRA_KEY, META, read_answers, read_meta
+from specbench.answers import ANSWERS, ERRORS, EXTRA_KEY, META, read_answers, read_meta
 from specbench.data import SUBTASKS, subtask_of
 from specbench.errors import SpecbenchError
 
@@ -36,6 +36,8 @@ class Run:
     records: list[dict[str, Any]]
     meta: dict[str, Any] | None = None
     source: Path | None = None
+    failed: dict[int, str] = field(default_factory=dict)  # question id -> reason (errors.jsonl)
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -77,11 +79,32 @@ class Group:
 
 
 def _our_run(folder: Path) -> Run:
-    meta = read_meta(folder / META)
+    """A run folder (`.../<method>/temp-<t>/run-<r>`), merging its shards if it has any."""
+    shards = sorted(p.parent for p in folder.glob(f"shard-*/{ANSWERS}")) or [folder]
     parts = folder.parts
-    run_no = int(parts[-1].removeprefix("run-"))
-    temperature = float(parts[-2].removeprefix("temp-"))
-    return Run(parts[-5], parts[-4], parts[-3], temperature, run_no, read_answers(folder / ANSWERS), meta, folder)
+    run = Run(parts[-5], parts[-4], parts[-3], float(parts[-2].removeprefix("temp-")),
+              int(parts[-1].removeprefix("run-")), [], None, folder)
+    expected: set[int] = set()
+    for part in shards:
+        meta = read_meta(part / META) or {}
+        run.meta = run.meta or meta or None
+        expected.update(meta.get("expected_questions", []))
+        run.records += read_answers(part / ANSWERS)
+        for row in read_answers(part / ERRORS):
+            run.failed[row["question_id"]] = row["error"]
+    counts = Counter(r["question_id"] for r in run.records)
+    if dupes := sorted(q for q, n in counts.items() if n > 1):
+        run.problems.append(f"{folder}: question ids answered more than once (in several shards?): {dupes[:10]}")
+        seen: set[int] = set()
+        run.records = [r for r in run.records if not (r["question_id"] in seen or seen.add(r["question_id"]))]
+    for qid in counts:
+        run.failed.pop(qid, None)  # failed once, answered on a later resume
+    if missing := sorted(expected - set(counts) - set(run.failed)):
+        run.problems.append(
+            f"{folder}: INCOMPLETE, {len(missing)} of {len(expected)} expected questions have no answer "
+            f"(e.g. {missing[:5]}); run the same command again to finish it (numbers below cover the rest)"
+        )
+    return run
 
 
 def _upstream_run(path: Path, model: str) -> Run:
@@ -105,11 +128,13 @@ def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
     runs = []
     for path in sorted(root.rglob("*.jsonl")):
         if path.name == ANSWERS:
-            if re.fullmatch(r"run-\d+", path.parent.name) and path.parent.parent.name.startswith("temp-"):
-                runs.append(_our_run(path.parent))
-        elif "question" not in path.name:
+            folder = path.parent.parent if path.parent.name.startswith("shard-") else path.parent
+            if re.fullmatch(r"run-\d+", folder.name) and folder.parent.name.startswith("temp-") and (
+                    not runs or runs[-1].source != folder):
+                runs.append(_our_run(folder))
+        elif path.name != ERRORS and "question" not in path.name:
             runs.append(_upstream_run(path, upstream_model))
-    runs = [r for r in runs if r.records]
+    runs = [r for r in runs if r.records or r.failed or r.problems]
     if not runs:
         raise SpecbenchError(f"no answer files under {root}")
     return runs
@@ -302,8 +327,18 @@ def method_facts(runs: list[Run]) -> dict[str, Any]:
 
 
 def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any = None) -> Group:
-    """Fill `group.results` (sorted by overall speedup) and `group.problems`."""
-    base_runs = group.methods.get(BASELINE)
+    """Fill `group.results` (sorted by overall speedup) and `group.problems`.
+
+    Questions that failed for any method are left out for every method alike."""
+    failed = {qid: reason for runs in group.methods.values() for run in runs for qid, reason in run.failed.items()}
+    for runs in group.methods.values():
+        for run in runs:
+            group.problems += run.problems
+            group.problems += [f"{run.source}: question {q} failed: {why}" for q, why in sorted(run.failed.items())]
+            run.records = [r for r in run.records if r["question_id"] not in failed]
+    if failed:
+        group.problems.append(f"{group.title}: {len(failed)} failed question(s) excluded from every method's numbers")
+    base_runs = [run for run in group.methods.get(BASELINE, []) if run.records]
     if not base_runs:
         group.problems.append(
             f"{group.title}: no baseline answers, so no speedups; run `python -m specbench run method=baseline` "

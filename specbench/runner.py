@@ -20,7 +20,18 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from specbench import data, metrics, table
-from specbench.answers import ANSWERS, EXTRA_KEY, META, AnswerWriter, read_answers, read_meta, run_dir, write_meta
+from specbench.answers import (
+    ANSWERS,
+    ERRORS,
+    EXTRA_KEY,
+    META,
+    AnswerWriter,
+    locked,
+    read_answers,
+    read_meta,
+    run_dir,
+    write_meta,
+)
 from specbench.config import CONFIG_DIR, check_values, selected_subtasks
 from specbench.errors import SpecbenchError
 from specbench.methods import Method, build_method
@@ -89,6 +100,60 @@ def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dic
     }
 
 
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """`i/n` (1 <= i <= n) -> (i, n)."""
+    if spec in (None, ""):
+        return None
+    try:
+        i, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        i = n = 0
+    if not 1 <= i <= n:
+        raise SpecbenchError(f"shard must look like i/n with 1 <= i <= n (e.g. shard=1/4), got {spec!r}")
+    return i, n
+
+
+def shard(questions: list[data.Question], spec: str | None) -> list[data.Question]:
+    """Every n-th question starting at the i-th: deterministic, and balanced across subtasks."""
+    parsed = parse_shard(spec)
+    if parsed is None:
+        return questions
+    i, n = parsed
+    return questions[i - 1 :: n]
+
+
+def shard_dir(spec: str) -> str:
+    i, n = parse_shard(spec)  # type: ignore[misc]
+    return f"shard-{i}-of-{n}"
+
+
+def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:
+    """Fail before the model loads when answers could not be saved."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise SpecbenchError(
+            f"results folder {folder} is not writable ({exc.strerror or exc}); choose another with output_dir=..."
+        ) from None
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise SpecbenchError(
+            f"only {free >> 20} MiB free under {folder}; free some space or choose another output_dir=..."
+        )
+
+
+def write_or_explain(writer: AnswerWriter, record: dict[str, Any]) -> None:
+    try:
+        writer.write(record)
+    except OSError as exc:
+        raise SpecbenchError(
+            f"cannot write {writer.path} ({exc.strerror or exc}); free space, then run again to resume"
+        ) from None
+
+
 class Session:
     """One `specbench run`: the target loaded once, the methods run over the questions."""
 
@@ -96,9 +161,11 @@ class Session:
         check_values(cfg)
         self.cfg = cfg
         self.subtasks = selected_subtasks(cfg.task)
-        self.questions = data.select(load_dataset(cfg.dataset), self.subtasks, cfg.limit)
+        self.all_questions = data.select(load_dataset(cfg.dataset), self.subtasks, cfg.limit)
+        self.questions = shard(self.all_questions, cfg.shard)
         if not self.questions:
             raise SpecbenchError(f"no questions of task {self.subtasks} in {cfg.dataset.path}")
+        check_writable(Path(cfg.output_dir))
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
         device = resolve_device(cfg.device)
@@ -111,10 +178,12 @@ class Session:
             self.target.eos_ids, int(cfg.max_new_tokens), cfg.model.stop_strings, self.target.tokenizer.decode
         )
         self.timer: Timer = timer_for(device)
+        self.context = getattr(self.target.model.config, "max_position_embeddings", None)
 
     def run_dir(self, method_name: str, run: int) -> Path:
         c = self.cfg
-        return run_dir(c.output_dir, c.dataset.name, c.model.name, method_name, float(c.temperature), run)
+        folder = run_dir(c.output_dir, c.dataset.name, c.model.name, method_name, float(c.temperature), run)
+        return folder / shard_dir(c.shard) if c.shard else folder
 
     def run_method(self, method_cfg: DictConfig) -> None:
         method = build_method(method_cfg, self.target, self.cfg.model)
@@ -123,19 +192,15 @@ class Session:
 
     def run_once(self, method: Method, method_cfg: DictConfig, run: int) -> None:
         folder = self.run_dir(method_cfg.name, run)
-        if self.cfg.overwrite and folder.exists():
-            shutil.rmtree(folder)
+        with locked(folder):
+            self._run_once(method, method_cfg, run, folder)
+
+    def _run_once(self, method: Method, method_cfg: DictConfig, run: int, folder: Path) -> None:
         ident = identity(self.cfg, method_cfg, self.target.dtype)
-        meta = read_meta(folder / META)
-        if meta is not None and meta.get("identity") != ident:
-            changed = sorted(k for k in ident if meta.get("identity", {}).get(k) != ident[k])
-            raise SpecbenchError(
-                f"{folder} holds answers made with a different config ({', '.join(changed)} differ); "
-                "use overwrite=true to replace them or output_dir=... to keep both"
-            )
+        self.prepare(folder, ident)
         done = {r["question_id"] for r in read_answers(folder / ANSWERS, repair=True)}
         todo = [q for q in self.questions if q.question_id not in done]
-        label = f"{method_cfg.name} run {run}"
+        label = f"{method_cfg.name} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
         if not todo:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
             return
@@ -146,6 +211,7 @@ class Session:
             "environment": environment(self.target),
             "target_parameters": sum(p.numel() for p in self.target.model.parameters()),
             "extra_parameters": method.extra_parameters(),
+            "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
             "started": time.time(),
         })
         method.reset()
@@ -153,17 +219,62 @@ class Session:
             self.answer(method, self.questions[0])
         if done:
             print(f"{label}: resuming, {len(done)} answers kept, {len(todo)} to go", file=sys.stderr)
-        with AnswerWriter(folder / ANSWERS) as writer:
-            bar = tqdm(todo, desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
-            tokens = seconds = 0.0
-            for question in bar:
-                record = self.answer(method, question)
-                record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
-                record[EXTRA_KEY].update(method=method_cfg.name, run=run)
-                writer.write(record)
-                tokens += sum(record["choices"][0]["new_tokens"])
-                seconds += sum(record["choices"][0]["wall_time"])
-                bar.set_postfix_str(f"{tokens / seconds:.1f} tok/s")
+        self.answer_all(method, method_cfg.name, run, folder, todo, label)
+
+    def prepare(self, folder: Path, ident: dict[str, Any]) -> None:
+        """Start over when asked; refuse to mix answers of another config into a folder."""
+        if self.cfg.overwrite and folder.exists():
+            shutil.rmtree(folder)
+        meta = read_meta(folder / META)
+        if meta is not None and meta.get("identity") != ident:
+            changed = sorted(k for k in ident if meta.get("identity", {}).get(k) != ident[k])
+            raise SpecbenchError(
+                f"{folder} holds answers made with a different config ({', '.join(changed)} differ); "
+                "use overwrite=true to replace them or output_dir=... to keep both"
+            )
+
+    def answer_all(
+        self, method: Method, name: str, run: int, folder: Path, todo: list[data.Question], label: str
+    ) -> None:
+        """Answer `todo`, one flushed line each. A failing question becomes a row in
+        errors.jsonl and the run goes on; Ctrl-C keeps what was written and says so."""
+        written = failed = 0
+        tokens = seconds = 0.0
+        bar = tqdm(todo, desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
+        try:
+            with AnswerWriter(folder / ANSWERS) as writer:
+                for question in bar:
+                    try:
+                        record = self.answer(method, question)
+                    except Exception as exc:  # noqa: BLE001 - any failure of one question is recorded
+                        if self.cfg.on_error == "raise":
+                            raise
+                        failed += 1
+                        self.record_error(folder, question, name, run, exc)
+                        continue
+                    record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
+                    record[EXTRA_KEY].update(method=name, run=run)
+                    write_or_explain(writer, record)
+                    written += 1
+                    tokens += sum(record["choices"][0]["new_tokens"])
+                    seconds += sum(record["choices"][0]["wall_time"])
+                    bar.set_postfix_str(f"{tokens / seconds:.1f} tok/s")
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"\n{label}: interrupted after {written} of {len(todo)} questions; the answers so far are saved "
+                  f"in {folder}; run the same command again to resume", file=sys.stderr)
+            raise
+        if failed:
+            print(f"{label}: {failed} question(s) failed, listed in {folder / ERRORS}", file=sys.stderr)
+
+    def record_error(self, folder: Path, question: data.Question, name: str, run: int, exc: Exception) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        print(f"question {question.question_id} failed: {reason}", file=sys.stderr)
+        with AnswerWriter(folder / ERRORS) as errors:
+            write_or_explain(errors, {"question_id": question.question_id, "category": question.category,
+                                      "method": name, "run": run, "error": reason, "tstamp": time.time()})
 
     def answer(self, method: Method, question: data.Question) -> dict[str, Any]:
         """Generate every turn of one question; returns the upstream-format record."""
@@ -176,6 +287,8 @@ class Session:
         extra: dict[str, list[Any]] = {k: [] for k in extra_keys}
         for j in range(len(question.turns)):
             ids = prompt_ids(self.cfg.model.template, tok, question.turns[: j + 1], texts)
+            if self.context and len(ids) >= self.context:
+                raise SpecbenchError(f"prompt of {len(ids)} tokens does not fit the model's context of {self.context}")
             input_ids = torch.tensor([ids], device=self.target.device)
             self.timer.start()
             state = method.prefill(input_ids, self.sampling)

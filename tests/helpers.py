@@ -30,7 +30,8 @@ def write_questions(path: Path, per_category: int = 2) -> Path:
 
 def specbench(*args: str, cwd: Path, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `python -m specbench ARGS` in `cwd`, capturing output."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [sys.executable, "-m", "specbench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
