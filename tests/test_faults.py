@@ -7,10 +7,11 @@ import subprocess
 import sys
 import time
 
+from test_cli import answers_file, base_args
+
 from helpers import REPO, specbench, write_questions
 from specbench import report
 from specbench.answers import read_answers
-from test_cli import answers_file, base_args
 
 
 def questions_with(path, extra_turns):
