@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specbench.errors import SpecbenchError
 
@@ -76,6 +79,20 @@ def _parse_line(raw: str, where: str) -> Question:
     return Question(qid, category, tuple(turns), tuple(reference))
 
 
+MAX_LINE_BYTES = 4 << 20  # the longest official question is ~10 KB
+
+
+def _lines(fh: Any) -> Iterator[bytes]:
+    """Lines of a binary file, refusing to read a line longer than MAX_LINE_BYTES into memory."""
+    while True:
+        line = fh.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            raise ValueError
+        yield line
+
+
 def load_questions(path: str | os.PathLike) -> list[Question]:
     """Read and validate a Spec-Bench question file; errors name the file, line and problem."""
     path = Path(path)
@@ -84,8 +101,17 @@ def load_questions(path: str | os.PathLike) -> list[Question]:
     questions: list[Question] = []
     seen: dict[int, int] = {}
     with path.open("rb") as fh:
-        for lineno, raw_bytes in enumerate(fh, start=1):
+        lines = _lines(fh)
+        for lineno in itertools.count(1):
             where = f"{path}:{lineno}"
+            try:
+                raw_bytes = next(lines)
+            except StopIteration:
+                break
+            except ValueError:
+                raise SpecbenchError(
+                    f"{where}: line longer than {MAX_LINE_BYTES >> 20} MiB; is this a question file?"
+                ) from None
             try:
                 raw = raw_bytes.decode("utf-8")
             except UnicodeDecodeError:

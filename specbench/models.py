@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.errors import SpecbenchError
 
@@ -72,18 +75,45 @@ def resolve_path(spec: str) -> str:
     return expanded
 
 
+def check_folder(spec: str, path: str, trust_remote_code: bool) -> None:
+    """Clear errors for a local folder that is not a loadable model, before transformers tries."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return  # a hub id
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise SpecbenchError(
+            f"model folder '{spec}' has no config.json; point model.path at a Hugging Face model folder"
+        )
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING and not trust_remote_code:
+        raise SpecbenchError(
+            f"model '{spec}' needs its own code (auto_map in config.json); set model.trust_remote_code=true "
+            "if you trust it"
+        )
+
+
 def load_model(
     spec: str, *, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer by hub id, folder, or `zoo:` name."""
+    """Load a causal LM and its tokenizer by hub id, folder, or `zoo:` name.
+
+    Weights load from safetensors, or from pickle files through torch's weights_only loader
+    (transformers' default): a checkpoint that needs arbitrary unpickling is refused."""
     path = resolve_path(spec)
+    check_folder(spec, path, trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+            raise SpecbenchError(
+                f"refused to load '{spec}': its pickle checkpoint holds more than plain tensors "
+                "(torch's weights_only loader rejected it); convert it to safetensors"
+            ) from exc
         if "trust_remote_code" in str(exc):
             raise SpecbenchError(
                 f"model '{spec}' needs custom code; set model.trust_remote_code=true if you trust it"

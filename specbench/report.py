@@ -338,6 +338,16 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
             run.records = [r for r in run.records if r["question_id"] not in failed]
     if failed:
         group.problems.append(f"{group.title}: {len(failed)} failed question(s) excluded from every method's numbers")
+    models = {run.meta.get("identity", {}).get("model") for runs in group.methods.values() for run in runs
+              if run.meta} - {None}
+    if len(models) > 1:
+        group.problems.append(f"{group.title}: answers of different models ({', '.join(sorted(models))}) are mixed "
+                              "in one folder; keep each model's answers in its own folder. Not reported.")
+        return group
+    for runs in group.methods.values():
+        for run in runs:
+            if len(ids := {r.get("model_id") for r in run.records}) > 1:
+                group.problems.append(f"{run.source}: one answer file holds several model_ids {sorted(map(str, ids))}")
     base_runs = [run for run in group.methods.get(BASELINE, []) if run.records]
     if not base_runs:
         group.problems.append(
