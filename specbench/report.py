@@ -260,21 +260,19 @@ def _time_split(runs: list[Run]) -> dict[str, float] | None:
 
 def depth_acceptance(runs: list[Run]) -> list[float] | None:
     """Per-depth acceptance: of the steps whose draft reached depth d, the share that
-    accepted a token at depth d (from the engine's per-step `draft_depths`)."""
-    reached: Counter = Counter()
+    accepted a token at depth d (from the engine's `position_drafted` / `position_accepted`)."""
+    drafted: Counter = Counter()
     accepted: Counter = Counter()
     for run in runs:
         for r in run.records:
-            lengths = iter(r["choices"][0]["accept_lengths"])
             for stats in r.get(EXTRA_KEY, {}).get("stats", []):
-                for depth in stats.get("draft_depths", []) if stats else []:
-                    got = next(lengths, 1) - 1
-                    for d in range(1, depth + 1):
-                        reached[d] += 1
-                        accepted[d] += got >= d
-    if not reached:
+                for d, (n, a) in enumerate(zip((stats or {}).get("position_drafted", []),
+                                               (stats or {}).get("position_accepted", []))):
+                    drafted[d] += n
+                    accepted[d] += a
+    if not drafted:
         return None
-    return [accepted[d] / reached[d] for d in range(1, max(reached) + 1)]
+    return [accepted[d] / drafted[d] if drafted[d] else 0.0 for d in range(max(drafted) + 1)]
 
 
 def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: float) -> dict[str, Any]:

@@ -13,13 +13,21 @@ CATS = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"
 
 
 def record(qid, category, tokens, seconds, accept, ids=None, margins=None, depths=None):
+    """A record in our format; `depths` = per-step draft depths, summarised as the engine does."""
+    stats = {}
+    if margins:
+        stats["top2_margin"] = margins
+    if depths:
+        top = max(depths)
+        stats["position_drafted"] = [sum(d > i for d in depths) for i in range(top)]
+        stats["position_accepted"] = [sum(a - 1 > i for a in accept) for i in range(top)]
     return {
         "question_id": qid, "category": category, "answer_id": f"a{qid}", "model_id": "m", "tstamp": 0.0,
         "choices": [{"index": 0, "turns": ["x"], "decoding_steps": [len(accept)], "new_tokens": [tokens],
                      "wall_time": [seconds], "accept_lengths": accept}],
         "specbench": {"output_ids": [ids or list(range(tokens))], "prefill_time": [seconds / 10],
                       "sections": [{"draft": seconds / 5, "verify": seconds / 2}],
-                      "stats": [{"top2_margin": margins} if margins else ({"draft_depths": depths} if depths else {})]},
+                      "stats": [stats]},
     }
 
 
