@@ -8,7 +8,12 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install bench test zoo data synth lint clean-results
+# The methods of the main job and the leaderboard (Hydra multirun; the baseline runs first).
+METHODS ?= baseline,sps,pld
+BENCH_ARGS ?= task=all
+# results/leaderboard holds what `report` writes; results/answers (git-ignored) the answer files.
+
+.PHONY: install bench leaderboard check test zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +23,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-bench: install  ## the main job: every method on all 480 synthetic questions with the tiny zoo
-	$(PY) -m specbench run method=baseline task=all
+bench: install  ## the main job: every method on all 480 synthetic questions with the tiny zoo, then the table
+	$(PY) -m specbench zoo build
+	$(PY) -m specbench -m run method=$(METHODS) $(BENCH_ARGS)
+	$(PY) -m specbench report
+
+leaderboard: bench  ## regenerate results/leaderboard (tables, figures) from a full run
+
+check: install  ## quick regression check against results/reference (what CI runs after the tests)
+	$(PY) -m specbench check --quick
 
 test: install  ## the test suite (builds the zoo once, cached under ~/.cache/specbench/zoo)
 	$(PY) -m pytest -q

@@ -1,0 +1,1 @@
+"""Trained self-drafting heads: EAGLE-1 and Medusa-1 modules, checkpoints, static trees, training."""

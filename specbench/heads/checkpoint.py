@@ -1,0 +1,116 @@
+"""Reading and writing head checkpoints safely: safetensors, or plain-tensor pickles only.
+
+Published EAGLE / Medusa heads ship as `pytorch_model.bin` / `medusa_lm_head.pt` (pickled state
+dicts); we read those with torch's `weights_only` loader, which refuses anything but tensors
+and containers, so a checkpoint can never run code. What we write is safetensors plus the
+published file, so the published loaders (and our round-trip tests) can read our heads too.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specbench.errors import SpecbenchError
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors file, or of a .pt / .bin state dict (weights_only)."""
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise SpecbenchError(f"cannot read head weights {path}: {exc}") from exc
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+            raise SpecbenchError(
+                f"refused to load head weights {path}: the pickle holds more than plain tensors "
+                "(torch's weights_only loader rejected it); convert it to safetensors"
+            ) from exc
+        raise SpecbenchError(f"cannot read head weights {path}: {str(exc).splitlines()[0]}") from exc
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]  # some trainers wrap the state dict
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpecbenchError(f"head weights {path} are not a state dict of tensors")
+    return dict(state)
+
+
+def write_state_dict(state: dict[str, torch.Tensor], folder: Path, safetensors_name: str, pickle_name: str) -> None:
+    """The same tensors as safetensors (what we load first) and as the published pickle file."""
+    # Tied / shared tensors would make safetensors refuse: store independent contiguous copies.
+    plain = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    save_file(plain, str(folder / safetensors_name), metadata={"format": "pt"})
+    torch.save(plain, str(folder / pickle_name))
+
+
+def read_config(folder: Path, kind: str) -> dict[str, Any]:
+    """config.json of a head folder as a dict, with a clear error when it is missing or broken."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise SpecbenchError(f"{kind} head folder {folder} has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise SpecbenchError(f"{kind} head config {path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise SpecbenchError(f"{kind} head config {path} is not a JSON object")
+    return config
+
+
+def weights_file(folder: Path, candidates: tuple[str, ...], kind: str) -> Path:
+    """The first of `candidates` present in `folder` (safetensors first by convention)."""
+    for name in candidates:
+        if (folder / name).is_file():
+            return folder / name
+    raise SpecbenchError(f"{kind} head folder {folder} has none of {', '.join(candidates)}")
+
+
+def check_keys(state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], path: Path, kind: str,
+               layout: str, ignore: tuple[str, ...] = ()) -> None:
+    """Missing, unexpected or misshapen keys, as one error that names the published layout."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected and k not in ignore]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+        raise SpecbenchError(f"{kind} head {path}: {'; '.join(parts)} (expected the {layout} key layout)")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise SpecbenchError(
+                f"{kind} head {path}: {key} has shape {tuple(state[key].shape)}, its config.json implies {shape}"
+            )
+
+
+def head_folder(cfg: Any, model_cfg: Any, method: str, kind: str) -> Path:
+    """The folder `method.head` names: a path, or `zoo:NAME` (the zoo is built if needed).
+
+    The zoo's heads are trained for the zoo's target only: for any other model the default is
+    refused before the zoo would be built for nothing.
+    """
+    from specbench.models import ZOO_PREFIX, resolve_path
+
+    spec = cfg.get("head")
+    if not spec:
+        raise SpecbenchError(f"method {method} needs a trained {kind} head; set method.head=/path/to/head_folder")
+    spec = str(spec)
+    target = str(model_cfg.get("path") or "")
+    if spec.startswith(ZOO_PREFIX) and target and not target.startswith(ZOO_PREFIX):
+        raise SpecbenchError(
+            f"method.head={spec} is the zoo's {kind} head, trained for model=tiny only; for {target} set "
+            f"method.head=/path/to/its {kind} head (published releases load as they are), or train one with "
+            f"`python -m specbench train-head method={method} model=...`"
+        )
+    folder = Path(resolve_path(spec))
+    if not folder.is_dir():
+        raise SpecbenchError(f"{kind} head '{spec}' is not a folder; give the folder of a published or trained head")
+    return folder

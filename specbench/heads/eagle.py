@@ -1,0 +1,213 @@
+"""The EAGLE-1 draft head: predicts the target's next feature from (next token, current feature).
+
+Input at position t is `fc(cat(embed(token_{t+1}), feature_t))` (2d -> d), then Llama decoder
+layers; the output approximates feature_{t+1}, and the target's own LM head turns it into the
+distribution of token_{t+2}. "Feature" is the target's last hidden state after its final norm
+(what its LM head reads), as in the published EAGLE code. The embedding is the target's.
+
+Key layout (published EAGLE-1 `pytorch_model.bin`): `fc.weight`, `fc.bias`, and per layer i
+`layers.i.self_attn.{q,k,v,o}_proj.weight`, `layers.i.mlp.{gate,up,down}_proj.weight`,
+`layers.i.post_attention_layernorm.weight`; layer 0 has no `input_layernorm` (the fc output
+goes in as is), later layers do. `embed_tokens.weight` may be present and is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from specbench.errors import SpecbenchError
+from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+IGNORED_KEYS = ("embed_tokens.weight",)
+
+
+class HeadCache:
+    """The head's own KV cache: per layer (1, kv_heads, length, head_dim), cropped to what is real."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (drops the draft tree's entries after a step)."""
+        for i, k in enumerate(self.keys):
+            if k is not None and k.shape[2] > length:
+                self.keys[i] = k[:, :, :length]
+                self.values[i] = self.values[i][:, :, :length]
+
+
+class EagleAttention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: HeadCache | None, layer: int,
+                attend: torch.Tensor | None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        if attend is None:  # a plain causal block with nothing before it (training, first feed)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class EagleMLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        h, m = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, m, bias=False)
+        self.up_proj = nn.Linear(h, m, bias=False)
+        self.down_proj = nn.Linear(m, h, bias=False)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class EagleLayer(nn.Module):
+    """A Llama decoder layer; `input_norm=False` is EAGLE-1's layer 0 (its input is fc's output)."""
+
+    def __init__(self, config: LlamaConfig, input_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = EagleAttention(config)
+        self.mlp = EagleMLP(config)
+        if input_norm:
+            self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: HeadCache | None, layer: int,
+                attend: torch.Tensor | None) -> torch.Tensor:
+        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        x = x + self.self_attn(h, cos, sin, cache, layer, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class EagleHead(nn.Module):
+    """fc (2d -> d) and Llama layers over (token embedding, feature) pairs; see the module docstring."""
+
+    def __init__(self, config: LlamaConfig, bias: bool = True, input_norms: tuple[bool, ...] | None = None) -> None:
+        super().__init__()
+        n = int(config.num_hidden_layers)
+        input_norms = input_norms if input_norms is not None else tuple(i != 0 for i in range(n))
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=bias)
+        self.layers = nn.ModuleList([EagleLayer(config, input_norms[i]) for i in range(n)])
+        self.rotary = LlamaRotaryEmbedding(config)  # inv_freq is a non-persistent buffer: not in the state dict
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: HeadCache | None = None, attend: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds, features: (b, n, d); positions: (b, n); attend: (n, past + n) bool or None
+        (causal). Returns the predicted next features (b, n, d)."""
+        x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))
+        cos, sin = self.rotary(x, positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, attend)
+        return x
+
+    def new_cache(self) -> HeadCache:
+        return HeadCache(len(self.layers))
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.state_dict().items()}
+
+
+def head_config_for(target_config: Any, num_layers: int = 1) -> LlamaConfig:
+    """A Llama config for a head on `target_config`: the target's width, heads, MLP and RoPE."""
+    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    rope = dict(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    return LlamaConfig(
+        vocab_size=int(text.vocab_size), hidden_size=int(text.hidden_size),
+        intermediate_size=int(text.intermediate_size), num_hidden_layers=num_layers,
+        num_attention_heads=int(text.num_attention_heads),
+        num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads),
+        head_dim=int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
+        hidden_act=str(getattr(text, "hidden_act", "silu")), rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 2048)), rope_parameters=rope,
+        tie_word_embeddings=False,
+    )
+
+
+def save_eagle(head: EagleHead, folder: Path, base_model: str = "") -> Path:
+    """Write a head in the published EAGLE-1 layout: Llama-style config.json, pytorch_model.bin,
+    and model.safetensors with the same tensors (read first by `load_eagle`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "bias": head.fc.bias is not None,
+                   "base_model_name_or_path": base_model, "specbench_head": "eagle"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_state_dict(head.state_dict(), folder, "model.safetensors", "pytorch_model.bin")
+    return folder
+
+
+def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.device,
+               dtype: torch.dtype) -> EagleHead:
+    """An EAGLE-1 head from a folder, checked against the target's hidden size and vocabulary."""
+    raw = read_config(folder, "EAGLE")
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
+        if key not in raw:
+            raise SpecbenchError(f"EAGLE head config {folder / 'config.json'} has no '{key}' (expected a Llama config)")
+    config = LlamaConfig.from_dict({k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype")})
+    if "qkv_bias" in raw:  # EAGLE's own name for q/k/v biases (Qwen targets)
+        config.attention_bias = bool(raw["qkv_bias"])
+    if int(config.hidden_size) != hidden_size:
+        raise SpecbenchError(f"EAGLE head {folder} has hidden size {config.hidden_size} but the target has "
+                             f"{hidden_size}: it was trained for another model")
+    if "vocab_size" in raw and int(raw["vocab_size"]) != vocab_size:
+        raise SpecbenchError(f"EAGLE head {folder} was trained for a vocabulary of {raw['vocab_size']} tokens, "
+                             f"the target has {vocab_size}")
+    path = weights_file(folder, WEIGHT_FILES, "EAGLE")
+    state = read_state_dict(path)
+    n_layers = int(config.num_hidden_layers)
+    # Support what the release has (no input_layernorm on layer 0) and heads trained with one.
+    input_norms = tuple(f"layers.{i}.input_layernorm.weight" in state for i in range(n_layers))
+    bias = "fc.bias" in state if "fc.weight" in state else bool(raw.get("bias", True))
+    head = EagleHead(config, bias=bias, input_norms=input_norms)
+    check_keys(state, head.expected_shapes(), path, "EAGLE", "EAGLE-1 (fc.*, layers.N.*)", ignore=IGNORED_KEYS)
+    embed = state.get("embed_tokens.weight")
+    if embed is not None and embed.shape[-1] != hidden_size:
+        raise SpecbenchError(f"EAGLE head {path}: embed_tokens.weight is {tuple(embed.shape)}, "
+                             f"the target's width is {hidden_size}")
+    head.load_state_dict({k: v for k, v in state.items() if k not in IGNORED_KEYS}, strict=True)
+    return head.to(device=device, dtype=dtype).eval()

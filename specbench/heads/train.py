@@ -1,0 +1,273 @@
+"""Training EAGLE and Medusa heads with the target frozen.
+
+The target runs once over the token rows (no grad) and its features (last hidden state after
+the final norm, what its LM head reads) are kept in memory; both heads then train on them:
+
+- Medusa: cross-entropy of head k against the token k + 2 positions ahead, weighted
+  `decay ** k` as in Medusa-1. The heads are position-wise, so each step takes a random
+  batch of positions rather than whole rows.
+- EAGLE: feature regression (smooth L1 to the next feature) plus `ce_weight` times the
+  cross-entropy between the target's next-token distribution and the LM head on the predicted
+  feature (the EAGLE paper's 1.0 / 0.1), with uniform noise on the input features (EAGLE's
+  augmentation against its own drafting errors).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from specbench.heads.eagle import EagleHead, head_config_for
+from specbench.heads.medusa import MedusaHeads
+
+#: Corpus tokens the frozen target is run over by default, and the heads' training settings:
+#: sized so that both heads train in a few minutes on a 2-core CPU for the zoo's target.
+DEFAULT_TOKENS = 120_000
+MEDUSA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150, "batch_positions": 1024,
+                                   "lr": 3e-3, "train_projections": False}
+EAGLE_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 256, "lr": 2e-3, "ce_weight": 0.1,
+                                  "ce_fraction": 0.25, "noise": 0.1}
+
+
+@dataclass
+class Features:
+    """Token rows and the frozen target's features on them."""
+
+    input_ids: torch.Tensor  # (rows, L) long
+    valid: torch.Tensor  # (rows, L) bool: real tokens (not padding)
+    features: torch.Tensor  # (rows, L, d) float32
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.valid.sum())
+
+
+@torch.no_grad()  # not inference_mode: the features feed autograd later
+def collect_features(model: nn.Module, input_ids: torch.Tensor, valid: torch.Tensor, batch_size: int = 8,
+                     desc: str = "target features") -> Features:
+    """Run the frozen target over the rows and keep its final-norm hidden states."""
+    model.eval()
+    out = []
+    for start in tqdm(range(0, input_ids.shape[0], batch_size), desc=desc, file=sys.stderr, mininterval=2.0):
+        ids = input_ids[start : start + batch_size]
+        width = int(valid[start : start + batch_size].any(0).nonzero().max()) + 1  # skip the all-padding tail
+        hidden = model(input_ids=ids[:, :width], output_hidden_states=True).hidden_states[-1].float()
+        out.append(F.pad(hidden, (0, 0, 0, ids.shape[1] - width)))
+    return Features(input_ids, valid, torch.cat(out))
+
+
+@contextmanager
+def frozen(*modules: nn.Module) -> Iterator[None]:
+    """The target's modules stay out of autograd while a head trains through them."""
+    params = [p for m in modules for p in m.parameters()]
+    before = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, before):
+            p.requires_grad_(flag)
+
+
+def _lr(step: int, total: int, lr: float, warmup: int) -> float:
+    """Linear warmup, then cosine decay to a tenth of `lr`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _optimizer(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    decay = [p for p in params if p.ndim >= 2]
+    keep = [p for p in params if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+@dataclass
+class HeadStats:
+    steps: int
+    seconds: float
+    final_loss: float
+    accuracy: list[float]  # top-1 agreement with the target per head / per step
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "seconds": round(self.seconds, 1), "final_loss": round(self.final_loss, 4),
+                "top1": [round(a, 4) for a in self.accuracy]}
+
+
+def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
+                 steps: int = 300, batch_positions: int = 2048, lr: float = 1e-3, weight_decay: float = 0.0,
+                 decay: float = 0.8, train_projections: bool = False, seed: int = 0,
+                 desc: str = "medusa head") -> tuple[MedusaHeads, HeadStats]:
+    """Medusa-1 heads on the frozen features; projections start as copies of the LM head and are
+    trained only with `train_projections` (they dominate the cost)."""
+    torch.manual_seed(seed)
+    vocab, hidden = lm_head.weight.shape
+    heads = MedusaHeads(num_heads, num_layers, int(hidden), int(vocab))
+    heads.init_from_lm_head(lm_head)
+    for head in heads.heads:
+        head[-1].weight.requires_grad_(train_projections)
+    L = data.input_ids.shape[1]
+    # Positions t whose target token t + k + 1 is real for every head k (packed rows pad only at the end).
+    targets = torch.stack([torch.roll(data.input_ids, -(k + 2), dims=1) for k in range(num_heads)], dim=-1)
+    ok = torch.stack([torch.roll(data.valid, -(k + 2), dims=1) for k in range(num_heads)], dim=-1).all(-1)
+    ok[:, L - num_heads - 1 :] = False
+    ok &= data.valid
+    where = ok.nonzero()
+    gen = torch.Generator().manual_seed(seed)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = _optimizer(params, lr, weight_decay)
+    weights = torch.tensor([decay**k for k in range(num_heads)])
+    start, ema = time.perf_counter(), None
+    hits = torch.zeros(num_heads)
+    seen = 0
+    heads.train()
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    for step in bar:  # (the LM head is only read when heads have no projections of their own)
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+        pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
+        x = data.features[pick[:, 0], pick[:, 1]]
+        y = targets[pick[:, 0], pick[:, 1]]  # (B, K)
+        logits = heads(x)  # (B, K, V)
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(-1, num_heads).mean(0)
+        loss = (losses * weights).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step >= steps * 3 // 4:  # accuracy over the last quarter of training
+            hits += (logits.detach().argmax(-1) == y).float().sum(0)
+            seen += y.shape[0]
+        value = float(loss.detach())
+        ema = value if ema is None else 0.95 * ema + 0.05 * value
+        bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    bar.close()
+    heads.eval()
+    for p in heads.parameters():
+        p.requires_grad_(False)
+    return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
+
+
+def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 300,
+                batch_rows: int = 4, window: int = 256, lr: float = 1e-3, weight_decay: float = 0.0,
+                ce_weight: float = 0.1, ce_fraction: float = 1.0, noise: float = 0.1, seed: int = 0,
+                desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
+    """An EAGLE-1 head (one layer) on the frozen features; each step takes random windows of
+    `window` positions from `batch_rows` rows (the head attends within its window). The
+    cross-entropy goes through the vocabulary projection, the costliest part on CPU, so it is
+    computed on a random `ce_fraction` of the positions."""
+    torch.manual_seed(seed)
+    head = EagleHead(head_config_for(target_config, num_layers=1))
+    gen = torch.Generator().manual_seed(seed)
+    rows, L = data.input_ids.shape
+    window = min(window, L - 1)
+    lengths = data.valid.sum(1)
+    usable = (lengths >= 8).nonzero().flatten()
+    opt = _optimizer(list(head.parameters()), lr, weight_decay)
+    start = time.perf_counter()
+    head.train()
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    with frozen(embed, lm_head):
+        stats = _eagle_loop(head, data, embed, lm_head, opt, bar, steps, batch_rows, window, lr, ce_weight,
+                            ce_fraction, noise, gen, usable, lengths)
+    bar.close()
+    head.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head, HeadStats(steps, time.perf_counter() - start, *stats)
+
+
+def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.Module, opt: torch.optim.Optimizer,
+                bar: Any, steps: int, batch_rows: int, window: int, lr: float, ce_weight: float, ce_fraction: float,
+                noise: float, gen: torch.Generator, usable: torch.Tensor,
+                lengths: torch.Tensor) -> tuple[float, list[float]]:
+    ema = None
+    hits = seen = 0.0
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+        r = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
+        # A window starting at a random position, inside the real tokens of each row where possible.
+        top = (lengths[r] - window - 1).clamp(min=0)
+        s = (torch.rand(batch_rows, generator=gen) * (top + 1)).long()
+        idx = s[:, None] + torch.arange(window + 1)[None]  # window + 1 positions: inputs and targets
+        ids = data.input_ids[r[:, None], idx]
+        feats = data.features[r[:, None], idx]
+        valid = data.valid[r[:, None], idx]
+        # Position t: (embedding of token t + 1, feature t) -> feature t + 1.
+        x_feat, y_feat = feats[:, :-1], feats[:, 1:]
+        if noise > 0:
+            x_feat = x_feat + (torch.rand(x_feat.shape, generator=gen) * 2 - 1) * noise
+        with torch.no_grad():
+            x_emb = embed(ids[:, 1:]).float()
+        positions = s[:, None] + torch.arange(window)[None]
+        pred = head(x_emb, x_feat, positions)
+        mask = valid[:, 1:] & valid[:, :-1]
+        reg = F.smooth_l1_loss(pred, y_feat, reduction="none").mean(-1)[mask].mean()
+        # Cross-entropy to the target's next-token distribution on a random subset of positions.
+        ce_mask = mask & (torch.rand(mask.shape, generator=gen) < ce_fraction)
+        if not ce_mask.any():
+            ce_mask = mask
+        with torch.no_grad():
+            target_logp = torch.log_softmax(lm_head(y_feat[ce_mask]), dim=-1)
+        logp = torch.log_softmax(lm_head(pred[ce_mask]), dim=-1)
+        ce = -(target_logp.exp() * logp).sum(-1).mean()
+        loss = reg + ce_weight * ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        if step >= steps * 3 // 4:
+            hits += float((logp.detach().argmax(-1) == target_logp.argmax(-1)).sum())
+            seen += float(target_logp.shape[0])
+        value = float(loss.detach())
+        ema = value if ema is None else 0.95 * ema + 0.05 * value
+        bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    return float(ema or 0.0), [hits / max(seen, 1.0)]
+
+
+def zoo_stage(ctx: Any) -> None:
+    """The zoo build's `heads` stage: EAGLE and Medusa heads for the zoo's target.
+
+    Reads `ctx.cfg.heads` (tokens, medusa, eagle settings), the packed training rows of the
+    tokenizer stage and the trained target; writes `eagle/` and `medusa/` next to the models
+    (the method configs' `zoo:eagle` / `zoo:medusa`) and their stats into the quality card.
+    """
+    from omegaconf import OmegaConf
+
+    from specbench.heads.eagle import save_eagle
+    from specbench.heads.medusa import save_medusa
+
+    cfg = ctx.cfg.heads
+    target = ctx.model("target")
+    rows = ctx.state["train_rows"]
+    n_rows = max(1, math.ceil(int(cfg.tokens) / rows.input_ids.shape[1]))
+    start = time.perf_counter()
+    data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, desc="zoo head features")
+    seconds = {"features": round(time.perf_counter() - start, 1)}
+    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
+    medusa, medusa_stats = train_medusa(data, lm_head, **OmegaConf.to_container(cfg.medusa, resolve=True),
+                                        seed=ctx.seed(5), desc="zoo medusa head")
+    save_medusa(medusa, ctx.out / "medusa", "zoo:target")
+    eagle, eagle_stats = train_eagle(data, embed, lm_head, target.config,
+                                     **OmegaConf.to_container(cfg.eagle, resolve=True), seed=ctx.seed(6),
+                                     desc="zoo eagle head")
+    save_eagle(eagle, ctx.out / "eagle", "zoo:target")
+    ctx.card["heads"] = {
+        "tokens": data.n_tokens, "seconds": seconds,
+        "medusa": {"params": sum(p.numel() for p in medusa.parameters()), **medusa_stats.as_dict()},
+        "eagle": {"params": sum(p.numel() for p in eagle.parameters()), **eagle_stats.as_dict()},
+    }

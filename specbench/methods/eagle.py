@@ -1,0 +1,237 @@
+"""EAGLE (Li et al. 2024): a one-layer head drafts the target's next features autoregressively.
+
+The head reads (embedding of the next token, the target's feature at the current position)
+and predicts the next feature; the target's LM head turns a feature into draft tokens
+(`specbench.heads.eagle`). The head keeps its own KV cache of real (verified) positions across
+steps; a step's draft tree is grown on top of it with one batched head forward per depth
+under a tree mask, then those draft entries are dropped again.
+
+- EAGLE-1 (`method=eagle`): a static tree of index paths (default: the EAGLE paper's 25-node
+  tree), node (i0, .., ik) being the ik-th best token of the head at node (i0, .., ik-1).
+- EAGLE-2 (`method=eagle2`): a context-aware dynamic tree. Expand: starting from the root's
+  top-k, `depth` times run the head on the k frontier nodes with the highest cumulative
+  draft log-probability and take each one's top-k children; rerank: keep the
+  `total_tokens - 1` best nodes of everything drafted (scores fall along a path, so the kept
+  set is a tree). Parameter meanings follow the published code (total_tokens counts the root).
+
+Candidates are taken by rank, not sampled, so trees are "deterministic" for the verifier:
+greedy and sampled verification stay lossless with nothing method-specific in the engine.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, layout_of
+from specbench.errors import SpecbenchError
+from specbench.heads.checkpoint import head_folder
+from specbench.heads.eagle import EagleHead, load_eagle
+from specbench.heads.trees import StaticTree
+from specbench.methods.base import Prefilled
+from specbench.methods.medusa import target_dims, tree_from_cfg
+from specbench.sampling import SamplingParams
+
+
+class EagleDrafter(Drafter):
+    """Shared state of both EAGLE variants: the head's cache and the real pairs not yet fed."""
+
+    needs_hidden_states = True
+
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: nn.Module) -> None:
+        self.head = head
+        self.embed = embed
+        self.lm_head = lm_head
+        self.cache = head.new_cache()
+        # Real (token_{t+1}, feature_t) pairs the head has not seen yet, fed at the next propose.
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        self.cache = self.head.new_cache()
+        prompt = state.input_ids[0]
+        tokens = torch.cat([prompt[1:], torch.tensor([state.tokens[0]], device=prompt.device)])
+        self.pending = [(tokens, state.extra["hidden_states"][-1][0])]
+
+    def accepted(self, feedback: Feedback) -> None:
+        verdict = feedback.verdict
+        hidden = feedback.hidden_states[-1][0]
+        rows = torch.tensor(verdict.rows, dtype=torch.long, device=hidden.device)
+        tokens = torch.tensor([*verdict.tokens, verdict.token], dtype=torch.long, device=hidden.device)
+        self.pending.append((tokens, hidden[rows]))
+
+    def _feed(self) -> torch.Tensor:
+        """Run the head over the pending real pairs (cached); returns the last predicted feature (d,)."""
+        tokens = torch.cat([t for t, _ in self.pending])
+        features = torch.cat([f for _, f in self.pending])
+        self.pending = []
+        past, n = self.cache.length, int(tokens.shape[0])
+        device = features.device
+        positions = torch.arange(past, past + n, device=device)[None]
+        attend = None
+        if past and n > 1:
+            attend = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(diagonal=past)
+        out = self.head(self.embed(tokens.to(device))[None], features[None], positions, self.cache, attend)
+        return out[0, -1]
+
+    def _expand(self, tokens: torch.Tensor, features: torch.Tensor, depth: int, stable: int,
+                ancestors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head forward over draft nodes at `depth` (1 = the root's children).
+
+        features: their parents' predicted features (m, d); ancestors: (m, drafted) bool, which
+        draft entries already in the head cache are their ancestors. Returns the nodes'
+        predicted features (m, d) and log-probabilities of their children (m, V).
+        """
+        m = int(tokens.shape[0])
+        device = features.device
+        attend = torch.cat([
+            torch.ones(m, stable, dtype=torch.bool, device=device), ancestors,
+            torch.eye(m, dtype=torch.bool, device=device),
+        ], dim=1)
+        positions = torch.full((1, m), stable + depth - 1, dtype=torch.long, device=device)
+        out = self.head(self.embed(tokens)[None], features[None], positions, self.cache, attend)[0]
+        return out, self._logp(out)
+
+    def _logp(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        if ctx.max_depth <= 0 or not self.pending:
+            return DraftTree.empty(ctx.device)
+        root_feature = self._feed()
+        stable = self.cache.length
+        try:
+            return self._grow(root_feature, self._logp(root_feature), stable, ctx.max_depth)
+        finally:
+            self.cache.crop(stable)  # the tree's entries are guesses: only verified pairs stay
+
+    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int) -> DraftTree:
+        raise NotImplementedError
+
+
+class StaticTreeDrafter(EagleDrafter):
+    """EAGLE-1: the same tree shape every step, filled with the head's top-k at each node."""
+
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: nn.Module, tree: StaticTree) -> None:
+        super().__init__(head, embed, lm_head)
+        self.tree = tree
+        n = len(tree.parents)
+        self.ancestors = layout_of(tree.parents).attend[1:, 1:]  # (n, n) ancestors-or-self
+        has_children = [False] * n
+        for p in tree.parents:
+            if p >= 0:
+                has_children[p] = True
+        # Per depth: the nodes, their parents' rows in the logp table (0 = root), ranks, and
+        # which of them get expanded (those with children).
+        self.levels = []
+        for d in range(1, tree.max_depth + 1):
+            nodes = tree.nodes_at(d)
+            rows = sorted({tree.parents[i] + 1 for i in nodes})
+            slot = {r: j for j, r in enumerate(rows)}
+            self.levels.append((
+                torch.tensor(nodes), torch.tensor(rows), torch.tensor([slot[tree.parents[i] + 1] for i in nodes]),
+                torch.tensor([tree.ranks[i] for i in nodes]), tree.width(d),
+                [i for i in nodes if has_children[i]],
+            ))
+
+    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int) -> DraftTree:
+        tree = self.tree
+        depth = min(tree.max_depth, max_depth)
+        n = sum(1 for d in tree.depths if d <= depth)  # breadth-first: these are a prefix
+        device = root_feature.device
+        tokens = torch.zeros(n, dtype=torch.long, device=device)
+        # Row 0 = the root, row i + 1 = node i: predicted feature and children's log-probabilities.
+        outs = root_feature.new_zeros(n + 1, root_feature.shape[-1])
+        logps = root_logp.new_zeros(n + 1, root_logp.shape[-1])
+        outs[0], logps[0] = root_feature, root_logp
+        drafted: list[int] = []  # nodes in the head cache, in cache order
+        for d in range(1, depth + 1):
+            nodes, rows, slots, ranks, width, expand = self.levels[d - 1]
+            top = logps[rows.to(device)].topk(width, dim=-1).indices
+            tokens[nodes.to(device)] = top[slots.to(device), ranks.to(device)]
+            if d == depth or not expand:
+                break
+            index = torch.tensor(expand, dtype=torch.long)
+            parents = torch.tensor([tree.parents[i] + 1 for i in expand], dtype=torch.long, device=device)
+            ancestors = self.ancestors[index][:, drafted].to(device)
+            out, logp = self._expand(tokens[index.to(device)], outs[parents], d, stable, ancestors)
+            outs[index.to(device) + 1], logps[index.to(device) + 1] = out, logp
+            drafted.extend(expand)
+        return DraftTree(tokens, tree.parents[:n])
+
+
+class DynamicTreeDrafter(EagleDrafter):
+    """EAGLE-2: expand the top-k nodes by cumulative confidence per depth, then rerank."""
+
+    def __init__(self, head: EagleHead, embed: nn.Module, lm_head: nn.Module, depth: int, top_k: int,
+                 total_tokens: int) -> None:
+        if depth < 0 or top_k < 1 or total_tokens < 2:
+            raise SpecbenchError(f"eagle2 needs depth >= 0, top_k >= 1 and total_tokens >= 2, got depth={depth}, "
+                                 f"top_k={top_k}, total_tokens={total_tokens}")
+        super().__init__(head, embed, lm_head)
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+
+    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int) -> DraftTree:
+        k = min(self.top_k, int(root_logp.shape[-1]))
+        device = root_feature.device
+        top = root_logp.topk(k)
+        all_tokens, all_scores, all_parents = [top.indices], [top.values], [torch.full((k,), -1, device=device)]
+        frontier = torch.arange(k, device=device)  # global candidate ids
+        scores, tokens = top.values, top.indices
+        features = root_feature.expand(k, -1)
+        ancestors = torch.zeros(k, 0, dtype=torch.bool, device=device)
+        offset = k
+        levels = min(self.depth + 1, max_depth)  # the tree's depth
+        for level in range(1, levels):
+            m = int(frontier.shape[0])
+            out, logp = self._expand(tokens, features, level, stable, ancestors)
+            top = logp.topk(k, dim=-1)
+            cumulative = (scores[:, None] + top.values).flatten()  # (m * k,)
+            all_tokens.append(top.indices.flatten())
+            all_scores.append(cumulative)
+            all_parents.append(frontier.repeat_interleave(k))
+            best = cumulative.topk(min(k, m * k)).indices
+            owner = best // k
+            ancestors = torch.cat([ancestors, torch.eye(m, dtype=torch.bool, device=device)], dim=1)[owner]
+            features, scores = out[owner], cumulative[best]
+            tokens = top.indices.flatten()[best]
+            frontier = offset + best
+            offset += m * k
+        candidates = torch.cat(all_scores)
+        # Stable sort: a parent scores at least as much as its child and comes first, so any
+        # prefix of this order is closed under parents.
+        order = torch.sort(-candidates, stable=True).indices[: self.total_tokens - 1]
+        keep = torch.sort(order).values
+        remap = torch.full((candidates.shape[0],), -1, dtype=torch.long, device=device)
+        remap[keep] = torch.arange(keep.shape[0], device=device)
+        parents = torch.cat(all_parents)[keep]
+        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+        return DraftTree(torch.cat(all_tokens)[keep], tuple(parents.tolist()))
+
+
+def _load(method: SpeculativeMethod, name: str) -> tuple[EagleHead, nn.Module, nn.Module]:
+    model = method.target.model
+    hidden, _, lm_head = target_dims(model)
+    vocab = int(model.config.get_text_config().vocab_size)
+    folder = head_folder(method.cfg, method.model_cfg, name, "EAGLE")
+    head = load_eagle(folder, hidden, vocab, method.target.device, method.target.dtype)
+    return head, model.get_input_embeddings(), lm_head
+
+
+class Eagle(SpeculativeMethod):
+    """`method=eagle`: EAGLE-1 with a static tree (`method.choices`, `method.num_nodes`)."""
+
+    def build_drafter(self) -> Drafter:
+        self.head, embed, lm_head = _load(self, "eagle")
+        return StaticTreeDrafter(self.head, embed, lm_head, tree_from_cfg(self.cfg, "eagle_mc_sim_7b_63"))
+
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.head.parameters())
+
+
+class Eagle2(Eagle):
+    """`method=eagle2`: the same head with EAGLE-2's dynamic tree (`depth`, `top_k`, `total_tokens`)."""
+
+    def build_drafter(self) -> Drafter:
+        self.head, embed, lm_head = _load(self, "eagle2")
+        return DynamicTreeDrafter(self.head, embed, lm_head, int(self.cfg.get("depth", 5)),
+                                  int(self.cfg.get("top_k", 10)), int(self.cfg.get("total_tokens", 60)))

@@ -1,0 +1,337 @@
+"""EAGLE-1, EAGLE-2 and Medusa: lossless decoding with trained heads, and the published checkpoint formats.
+
+Heads are trained here in seconds on the tiny random targets' own greedy text (so drafts get
+accepted and every path of the engine is exercised); sampled losslessness runs the engine's
+chi-square test through these drafters on a five-token target.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_lossless import (  # noqa: F401 - `targets` and `one_thread` are fixtures used here
+    ARCHS,
+    EMPTY,
+    PROMPTS,
+    assert_matches_baseline,
+    chi_square_p,
+    exact_first_three,
+    long_continuation,
+    method_cfg,
+    one_thread,
+    prompt_of,
+    sample_end_to_end,
+    targets,
+    tiny_vocab_model,
+)
+
+from helpers import specbench
+from specbench.engine import SpeculativeMethod
+from specbench.errors import SpecbenchError
+from specbench.heads.eagle import EagleHead, head_config_for, load_eagle, save_eagle
+from specbench.heads.medusa import MedusaHeads, load_medusa, save_medusa
+from specbench.heads.train import collect_features, train_eagle, train_medusa
+from specbench.heads.trees import EAGLE_MC_SIM_7B_63, build_tree
+from specbench.methods import build_method
+from specbench.methods.eagle import DynamicTreeDrafter, StaticTreeDrafter
+from specbench.methods.medusa import MedusaDrafter
+from specbench.sampling import SamplingParams
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def heads(targets, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F811 - the imported fixture
+    """Per architecture, a Medusa and an EAGLE head trained on the target's own greedy text."""
+    root = tmp_path_factory.mktemp("heads")
+    out = {}
+    for arch in ARCHS:
+        target = targets[arch]
+        rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), 80)
+                for turns in PROMPTS]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+        data = collect_features(target.model, ids, valid)
+        lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+        medusa, _ = train_medusa(data, lm_head, num_heads=3, steps=150, batch_positions=128, lr=1e-2,
+                                 train_projections=True)
+        eagle, _ = train_eagle(data, embed, lm_head, target.model.config, steps=150, batch_rows=3, window=48, lr=5e-3)
+        out[arch] = {"medusa": save_medusa(medusa, root / arch / "medusa"),
+                     "eagle": save_eagle(eagle, root / arch / "eagle")}
+    return out
+
+
+# --- greedy: outputs equal the baseline's -------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["eagle", "eagle2", "medusa"])
+def test_greedy_equals_baseline(targets, heads, arch, name):  # noqa: F811
+    target = targets[arch]
+    folder = heads[arch]["medusa" if name == "medusa" else "eagle"]
+    method = build_method(method_cfg(name, head=str(folder)), target, EMPTY)
+    results = assert_matches_baseline(method, target)
+    assert all("tree_fallback" not in r.stats for r in results)
+    assert sum(r.stats["accepted_tokens"] for r in results) > 0  # the trained head's drafts were accepted
+    assert any(r.stats.get("tree_steps", 0) for r in results)
+    assert method.extra_parameters() == sum(
+        p.numel() for p in (method.heads if name == "medusa" else method.head).parameters())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_other_trees_and_budgets(targets, heads, arch):  # noqa: F811
+    target = targets[arch]
+    eagle = str(heads[arch]["eagle"])
+    for name, overrides in [("eagle", {"choices": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]}),
+                            ("eagle", {"num_nodes": 4}), ("eagle2", {"depth": 0, "top_k": 3, "total_tokens": 3}),
+                            ("eagle2", {"depth": 7, "top_k": 2, "total_tokens": 12}),
+                            ("medusa", {"choices": [[0], [0, 0], [1], [0, 0, 0], [0, 0, 0, 0]]})]:
+        head = str(heads[arch]["medusa"]) if name == "medusa" else eagle
+        method = build_method(method_cfg(name, head=head, **overrides), target, EMPTY)
+        assert_matches_baseline(method, target, lengths=(2, 30))
+
+
+def test_eagle2_trees_respect_the_budget(targets, heads):  # noqa: F811
+    target = targets["llama"]
+    method = build_method(method_cfg("eagle2", head=str(heads["llama"]["eagle"]), depth=4, top_k=3,
+                                      total_tokens=9), target, EMPTY)
+    results = assert_matches_baseline(method, target, lengths=(40,))
+    lengths = [n for r in results for n in r.stats["draft_lengths"]]
+    depths = [d for r in results for d in r.stats["draft_depths"]]
+    assert max(lengths) == 8 and max(depths) <= 5 and max(depths) >= 2
+
+
+# --- sampling: the engine's statistical test through these drafters -----------------------------
+
+
+def _random_eagle(target) -> EagleHead:
+    torch.manual_seed(3)
+    head = EagleHead(head_config_for(target.model.config))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    return head.eval()
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle2"])
+def test_sampled_tree_verification_follows_the_target(kind):
+    target = tiny_vocab_model(0)
+    model = target.model
+    lm_head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if kind == "medusa":
+        torch.manual_seed(2)
+        medusa = MedusaHeads(2, 1, 16, 5)
+        with torch.no_grad():
+            for p in medusa.parameters():
+                p.normal_(0, 1.0)
+        drafter = MedusaDrafter(medusa.eval(), lm_head, build_tree([[0], [1], [0, 0], [0, 1], [1, 0]]))
+    elif kind == "eagle":
+        drafter = StaticTreeDrafter(_random_eagle(target), embed, lm_head, build_tree([[0], [1], [0, 0], [1, 0],
+                                                                                       [1, 1]]))
+    else:
+        drafter = DynamicTreeDrafter(_random_eagle(target), embed, lm_head, depth=2, top_k=2, total_tokens=6)
+    method = SpeculativeMethod(target, EMPTY, EMPTY, drafter=drafter)
+    params = SamplingParams(temperature=1.0)
+    prompt = [1, 3, 2]
+    counts = sample_end_to_end(method, prompt, params, draws=1500)
+    assert chi_square_p(counts, exact_first_three(target, prompt, params)) > 1e-3
+
+
+# --- checkpoints: the published layouts, round trips, clear errors ------------------------------
+
+
+def published_eagle(folder: Path, target, with_input_norm: bool = False) -> Path:
+    """An EAGLE-1 release as published: Llama config.json, pytorch_model.bin with fc.*, layers.0.*
+    (no input_layernorm) and embed_tokens.weight; random weights."""
+    config = target.model.config
+    d, m = config.hidden_size, config.intermediate_size
+    kv = config.num_key_value_heads * (d // config.num_attention_heads)
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * 0.1
+
+    state = {"fc.weight": rand(d, 2 * d), "fc.bias": rand(d), "embed_tokens.weight": rand(config.vocab_size, d),
+             "layers.0.self_attn.q_proj.weight": rand(d, d), "layers.0.self_attn.k_proj.weight": rand(kv, d),
+             "layers.0.self_attn.v_proj.weight": rand(kv, d), "layers.0.self_attn.o_proj.weight": rand(d, d),
+             "layers.0.mlp.gate_proj.weight": rand(m, d), "layers.0.mlp.up_proj.weight": rand(m, d),
+             "layers.0.mlp.down_proj.weight": rand(d, m), "layers.0.post_attention_layernorm.weight": torch.ones(d)}
+    if with_input_norm:
+        state["layers.0.input_layernorm.weight"] = torch.ones(d)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": d,
+        "intermediate_size": m, "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads, "num_hidden_layers": 1, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048, "vocab_size": config.vocab_size, "bias": True,
+    }))
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+def published_medusa(folder: Path, target, num_heads: int = 3) -> Path:
+    """A Medusa-1 release: config.json and medusa_lm_head.pt (the head list's state dict)."""
+    d = target.model.config.hidden_size
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for k in range(num_heads):
+        state[f"{k}.0.linear.weight"] = torch.randn(d, d, generator=gen) * 0.1
+        state[f"{k}.0.linear.bias"] = torch.zeros(d)
+        state[f"{k}.1.weight"] = torch.randn(vocab, d, generator=gen)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "medusa_num_heads": num_heads, "medusa_num_layers": 1, "base_model_name_or_path": "tiny-llama"}))
+    torch.save(state, folder / "medusa_lm_head.pt")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle2", "medusa"])
+def test_published_layouts_load_and_drive_generation(targets, tmp_path, name):  # noqa: F811
+    target = targets["llama"]
+    if name == "medusa":
+        folder = published_medusa(tmp_path / "medusa", target)
+    else:
+        folder = published_eagle(tmp_path / "eagle", target, with_input_norm=name == "eagle2")
+    method = build_method(method_cfg(name, head=str(folder)), target, EMPTY)
+    assert_matches_baseline(method, target, lengths=(20,))
+    assert method.extra_parameters() > 0
+
+
+def test_saved_heads_round_trip_in_both_files(targets, heads, tmp_path):  # noqa: F811
+    target = targets["llama"]
+    d = target.model.config.hidden_size
+    vocab = target.model.get_output_embeddings().weight.shape[0]
+    eagle_folder = heads["llama"]["eagle"]
+    assert {"config.json", "model.safetensors", "pytorch_model.bin"} <= {p.name for p in eagle_folder.iterdir()}
+    first = load_eagle(eagle_folder, d, vocab, CPU, torch.float32)
+    (eagle_folder / "model.safetensors").rename(tmp_path / "moved.safetensors")  # the published file alone
+    try:
+        second = load_eagle(eagle_folder, d, vocab, CPU, torch.float32)
+    finally:
+        (tmp_path / "moved.safetensors").rename(eagle_folder / "model.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    assert "layers.0.input_layernorm.weight" not in first.state_dict()  # EAGLE-1's layer 0 layout
+    medusa_folder = heads["llama"]["medusa"]
+    pt = torch.load(medusa_folder / "medusa_lm_head.pt", weights_only=True)
+    assert {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight"} <= set(pt)
+    loaded = load_medusa(medusa_folder, d, vocab, CPU, torch.float32)
+    assert torch.equal(loaded.state_dict_published()["2.1.weight"], pt["2.1.weight"])
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_bad_checkpoints_get_clear_errors(targets, tmp_path):  # noqa: F811
+    target = targets["llama"]
+
+    def build(name: str, folder: Path):
+        return build_method(method_cfg(name, head=str(folder)), target, EMPTY)
+
+    folder = published_eagle(tmp_path / "missing", target)
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    del state["fc.weight"]
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(SpecbenchError, match=r"missing fc\.weight.*EAGLE-1"):
+        build("eagle", folder)
+    folder = published_eagle(tmp_path / "wrong", target)
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    state["layers.0.mlp.gate_weight"] = state.pop("layers.0.mlp.gate_proj.weight")
+    torch.save(state, folder / "pytorch_model.bin")
+    with pytest.raises(SpecbenchError, match=r"missing layers\.0\.mlp\.gate_proj\.weight; unexpected layers"):
+        build("eagle2", folder)
+    folder = published_medusa(tmp_path / "medusa-missing", target)
+    state = torch.load(folder / "medusa_lm_head.pt", weights_only=True)
+    del state["1.0.linear.bias"]
+    torch.save(state, folder / "medusa_lm_head.pt")
+    with pytest.raises(SpecbenchError, match=r"missing 1\.0\.linear\.bias.*Medusa-1"):
+        build("medusa", folder)
+    # A head for another model: one line naming the mismatch.
+    other = targets["qwen2"]
+    wide = published_eagle(tmp_path / "wide", target)
+    config = json.loads((wide / "config.json").read_text())
+    config["hidden_size"] = 128
+    (wide / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecbenchError, match="hidden size 128 but the target has 64"):
+        build_method(method_cfg("eagle", head=str(wide)), other, EMPTY)
+    medusa = published_medusa(tmp_path / "medusa-vocab", target)
+    state = torch.load(medusa / "medusa_lm_head.pt", weights_only=True)
+    state = {k: (v[:100] if k.endswith(".1.weight") else v) for k, v in state.items()}
+    torch.save(state, medusa / "medusa_lm_head.pt")
+    with pytest.raises(SpecbenchError, match="predicts 100 tokens"):
+        build("medusa", medusa)
+    # Pickles that hold more than tensors are refused, never run.
+    evil = published_medusa(tmp_path / "evil", target)
+    with open(evil / "medusa_lm_head.pt", "wb") as fh:
+        pickle.dump({"0.0.linear.weight": _Evil()}, fh, protocol=2)
+    with pytest.raises(SpecbenchError, match="refused to load head weights"):
+        build("medusa", evil)
+    with pytest.raises(SpecbenchError, match="has no config.json"):
+        build("eagle", tmp_path)
+    with pytest.raises(SpecbenchError, match="needs a trained EAGLE head"):
+        build_method(method_cfg("eagle", head=None), target, EMPTY)
+
+
+def test_zoo_heads_are_refused_for_other_models_before_any_build(targets, monkeypatch):  # noqa: F811
+    from specbench import zoo
+
+    monkeypatch.setattr(zoo, "ensure_zoo", lambda *a, **k: pytest.fail("the zoo must not be built"))
+    model_cfg = OmegaConf.create({"path": "/models/vicuna-7b"})
+    for name in ("eagle", "eagle2", "medusa"):
+        with pytest.raises(SpecbenchError, match="trained for model=tiny only"):
+            build_method(method_cfg(name), targets["llama"], model_cfg)
+
+
+def test_static_trees_from_choices():
+    tree = build_tree("eagle_mc_sim_7b_63")
+    assert len(tree.parents) == len(EAGLE_MC_SIM_7B_63) == 25 and tree.max_depth == 5
+    assert all(p < i for i, p in enumerate(tree.parents))
+    assert len(build_tree("medusa_mc_sim_7b_63").parents) == 63
+    assert len(build_tree("medusa_mc_sim_7b_63", num_nodes=10).parents) == 10
+    with pytest.raises(SpecbenchError, match="has no parent"):
+        build_tree([[0], [1, 0]])
+    with pytest.raises(SpecbenchError, match="unknown tree"):
+        build_tree("nope")
+
+
+# --- training from the command line -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle"])
+def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path, name):  # noqa: F811
+    out = tmp_path / name
+    proc = specbench("train-head", f"method={name}", "model=local", f"model.path={tiny_models['llama']}",
+                     f"out={out}", "tokens=3000", "steps=5", "threads=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "config.json").is_file()
+    method = build_method(method_cfg(name, head=str(out)), targets["llama"], EMPTY)
+    assert_matches_baseline(method, targets["llama"], lengths=(12,))
+
+
+def test_zoo_stage_writes_both_heads(targets, tmp_path):  # noqa: F811
+    from types import SimpleNamespace
+
+    from specbench.heads.train import zoo_stage
+
+    target = targets["llama"]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 300, (6, 64), generator=gen)
+    labels = ids.clone()
+    labels[:, 50:] = -100
+    cfg = OmegaConf.create({"heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+                                      "eagle": {"steps": 3, "batch_rows": 2, "window": 32}}})
+    ctx = SimpleNamespace(cfg=cfg, out=tmp_path, state={"train_rows": SimpleNamespace(input_ids=ids, labels=labels)},
+                          card={}, model=lambda name: target.model, seed=lambda offset: offset)
+    zoo_stage(ctx)
+    assert ctx.card["heads"]["tokens"] == 4 * 50 and ctx.card["heads"]["medusa"]["steps"] == 3
+    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle")):
+        method = build_method(method_cfg(name, head=str(tmp_path / folder)), target, EMPTY)
+        assert_matches_baseline(method, target, lengths=(6,))
