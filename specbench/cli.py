@@ -21,6 +21,10 @@ commands:
   data fetch           download the official Spec-Bench questions (SHA-256 checked)
   data synth           write the embedded synthetic benchmark to data/synthetic/
   zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
+  train-head method=medusa|eagle model=NAME [out=DIR]
+                       train an EAGLE or Medusa head with the target frozen (published checkpoint layout)
+  datastore build --corpus FILE --model MODEL --out DIR
+                       index a corpus (jsonl or text) for REST (method=rest method.datastore=DIR)
 
 Set SPECBENCH_VERBOSE=1 for full tracebacks."""
 
@@ -142,8 +146,34 @@ def _zoo(args: list[str]) -> int:
     return zoo_main(args)
 
 
+def _datastore(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specbench datastore",
+                                     description="Build a REST datastore: a corpus tokenized and suffix-indexed.")
+    parser.add_argument("action", choices=["build"])
+    parser.add_argument("--corpus", required=True, help=".jsonl (text / messages / conversations / turns) or text")
+    parser.add_argument("--model", required=True, help="tokenizer: hub id, folder or zoo:NAME (the target's)")
+    parser.add_argument("--out", required=True, help="datastore folder to write")
+    opts = parser.parse_args(args)
+    from transformers import AutoTokenizer
+
+    from specbench import datastore
+    from specbench.models import resolve_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_path(opts.model))
+    datastore.build(datastore.read_corpus(opts.corpus, tokenizer), tokenizer, opts.out, source=str(opts.corpus),
+                    progress=True)
+    return 0
+
+
+def _train_head(args: list[str]) -> int:
+    from specbench.heads.cli import train_head_main
+
+    return train_head_main(args)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "report": _report, "check": _check, "recommend": _recommend, "data": _data, "zoo": _zoo,
+    "datastore": _datastore, "train-head": _train_head,
 }
 
 

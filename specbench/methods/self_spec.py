@@ -1,0 +1,254 @@
+"""Self-speculative decoding (Draft & Verify, Zhang et al. 2023): the target drafts for itself
+with some of its decoder layers skipped.
+
+The draft runs the target's own modules (shared weights) one token at a time, writing the
+KV entries of the layers it runs into the target's cache; those entries are cut back after
+drafting, so the verify forward sees exactly the cache it would without a draft. Drafting
+stops after `max_draft` tokens or once the draft's confidence (its top probability) falls
+below a threshold, which adapts to the measured acceptance as in the paper. Drafts are
+argmax tokens without probabilities: verified losslessly under sampling too.
+
+The skip set is `method.skip_layers` (a list of layer indices), or `auto`: a small search
+over candidate sets on a few calibration prompts, scored by measured tokens per step over
+modelled cost (1 for the verify forward + the kept fraction of layers per draft forward),
+cached per model in ~/.cache/specbench/self_spec/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
+from specbench.errors import SpecbenchError
+from specbench.methods.base import Prefilled
+from specbench.models import LoadedModel
+from specbench.sampling import SamplingParams
+
+CACHE_ENV = "SPECBENCH_CACHE_DIR"
+SEARCH_VERSION = 1
+_EMPTY_CFG = OmegaConf.create({})
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "specbench") / "self_spec"
+
+
+def decoder_parts(model: torch.nn.Module) -> tuple[Any, Any, Any, Any, Any]:
+    """(embed_tokens, layers, norm, rotary_emb, lm_head) of a Llama-style decoder, or an error."""
+    inner = getattr(model, "model", None)
+    parts = tuple(getattr(inner, name, None) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if inner is None or any(p is None for p in parts) or head is None:
+        raise SpecbenchError(f"self_spec needs a Llama-style decoder (model.embed_tokens / layers / norm / rotary_emb "
+                             f"and an LM head); {type(model).__name__} has another layout")
+    return (*parts, head)
+
+
+class LayerSkipper:
+    """One-token forwards of the target through the layers not in `skip`, on the target's cache."""
+
+    def __init__(self, model: torch.nn.Module, skip: list[int]) -> None:
+        self.embed, layers, self.norm, self.rotary, self.head = decoder_parts(model)
+        n = len(layers)
+        bad = [i for i in skip if not 0 <= i < n]
+        if bad or len(set(skip)) == n:
+            raise SpecbenchError(f"self_spec skip_layers {sorted(skip)} must be distinct indices in 0..{n - 1} "
+                                 "and keep at least one layer")
+        self.kept = [layer for i, layer in enumerate(layers) if i not in set(skip)]
+        self.kept_index = [i for i in range(n) if i not in set(skip)]
+        self.kept_fraction = len(self.kept) / n
+
+    def step(self, token: torch.Tensor, position: int, cache: Any) -> torch.Tensor:
+        """Logits (V,) after `token` at `position`; appends to the kept layers' cache entries."""
+        hidden = self.embed(token.view(1, 1))
+        position_ids = torch.tensor([[position]], device=hidden.device)
+        rope = self.rotary(hidden, position_ids)
+        # One query over the whole past needs no mask (sdpa / eager treat None as "see all").
+        for layer in self.kept:
+            hidden = layer(hidden, attention_mask=None, position_ids=position_ids, cache=cache, use_cache=True,
+                           position_embeddings=rope)
+        return self.head(self.norm(hidden))[0, -1]
+
+    def rollback(self, cache: Any, length: int) -> None:
+        """Cut the kept layers' entries back to `length` tokens."""
+        for i in self.kept_index:
+            layer = cache.layers[i]
+            extra = layer.get_seq_length() - length
+            if extra > 0:
+                layer.crop(-extra)
+
+
+class SelfSpecDrafter(Drafter):
+    """A chain from the layer-skipped target with Draft & Verify's adaptive confidence stop."""
+
+    def __init__(self, model: torch.nn.Module, skip: list[int], max_draft: int = 8, threshold: float = 0.6,
+                 adaptive: bool = True, target_acceptance: float = 0.8, step: float = 0.01) -> None:
+        if max_draft < 1 or not 0.0 <= threshold <= 1.0:
+            raise SpecbenchError("self_spec needs max_draft >= 1 and 0 <= threshold <= 1")
+        self.skipper = LayerSkipper(model, skip)
+        self.skip = sorted(skip)
+        self.max_draft = max_draft
+        self.threshold0 = threshold
+        self.adaptive, self.target_acceptance, self.step_size = adaptive, target_acceptance, step
+        self.threshold = threshold
+        self.acceptance = target_acceptance
+        self.cache: Any = None
+        self.prompt_len = 0
+        self.drafted = 0
+        self.draft_forwards = 0
+
+    def reset(self) -> None:
+        self.threshold = self.threshold0
+        self.acceptance = self.target_acceptance
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        self.cache = state.cache
+        self.prompt_len = int(state.input_ids.shape[1])
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        limit = min(self.max_draft, ctx.max_depth)
+        self.drafted = 0
+        if limit <= 0:
+            return DraftTree.empty(ctx.device)
+        past = self.prompt_len + len(ctx.tokens) - 1  # the root is not in the cache yet
+        token = torch.tensor(ctx.tokens[-1], device=ctx.device)
+        drafted: list[int] = []
+        for i in range(limit):
+            logits = self.skipper.step(token, past + i, self.cache)
+            self.draft_forwards += 1
+            probs = torch.softmax(logits.float(), -1)
+            conf, token = probs.max(-1)
+            drafted.append(int(token))
+            if float(conf) < self.threshold:  # D&V: stop once the draft is unsure (this token is still verified)
+                break
+        self.skipper.rollback(self.cache, past)
+        self.drafted = len(drafted)
+        return DraftTree.chain(torch.tensor(drafted, dtype=torch.long, device=ctx.device))
+
+    def accepted(self, feedback: Feedback) -> None:
+        if not self.adaptive or not self.drafted:
+            return
+        # Draft & Verify's update: smoothed acceptance rate; raise the bar when it is below target.
+        rate = len(feedback.verdict.path) / self.drafted
+        self.acceptance = 0.5 * self.acceptance + 0.5 * rate
+        nudged = self.threshold + (self.step_size if self.acceptance <= self.target_acceptance else -self.step_size)
+        self.threshold = min(1.0, max(0.0, 0.9 * self.threshold + 0.1 * nudged))
+
+
+def candidate_skip_sets(n_layers: int) -> list[list[int]]:
+    """A handful of sets: 1/4, 3/8 and 1/2 of the layers, spread evenly or as one late block;
+    the first and the last layer are always kept."""
+    middle = list(range(1, n_layers - 1))
+    if not middle:  # one or two layers: skipping either of two is all there is
+        return [[1], [0]] if n_layers == 2 else []
+    out: list[list[int]] = []
+    for frac in (0.25, 0.375, 0.5):
+        k = min(len(middle), max(1, round(frac * n_layers)))
+        spread = sorted({middle[round(j * (len(middle) - 1) / max(k - 1, 1))] for j in range(k)}) if k > 1 \
+            else [middle[len(middle) // 2]]
+        late = middle[len(middle) - k :]
+        for cand in (spread, late):
+            if cand not in out:
+                out.append(cand)
+    return out
+
+
+def calibration_prompts(target: LoadedModel, n: int) -> list[torch.Tensor]:
+    """First user turns of a few synthetic conversations (a seed of their own), with the chat template."""
+    from specbench import synth
+    from specbench.prompts import prompt_ids
+
+    template = "chat_template" if getattr(target.tokenizer, "chat_template", None) else "plain"
+    items = list(synth.make_corpus(n, seed=977))
+    return [torch.tensor([prompt_ids(template, target.tokenizer, it["turns"][:1], [])]) for it in items]
+
+
+def search_skip_set(target: LoadedModel, n_prompts: int = 3, max_new_tokens: int = 48,
+                    candidates: list[list[int]] | None = None, **drafter_kwargs: Any) -> dict[str, Any]:
+    """Score each candidate set on calibration prompts; returns {"best": [...], "scores": [...]}."""
+    from specbench.stopping import StopCriteria
+    from specbench.timing import CpuTimer
+
+    n_layers = len(decoder_parts(target.model)[1])
+    candidates = candidates or candidate_skip_sets(n_layers)
+    if not candidates:
+        raise SpecbenchError(f"self_spec cannot skip layers of a {n_layers}-layer model")
+    prompts = calibration_prompts(target, n_prompts)
+    stop = StopCriteria.build(target.eos_ids, max_new_tokens)
+    greedy = SamplingParams()
+    scores = []
+    for skip in candidates:
+        drafter = SelfSpecDrafter(target.model, skip, **drafter_kwargs)
+        method = SpeculativeMethod(target, _EMPTY_CFG, _EMPTY_CFG, drafter=drafter)
+        tokens = steps = 0
+        for ids in prompts:
+            result = method.decode(method.prefill(ids, greedy), greedy, stop, CpuTimer())
+            tokens += sum(result.accept_lengths)
+            steps += len(result.accept_lengths)
+        per_step = tokens / max(steps, 1)
+        cost = 1.0 + drafter.skipper.kept_fraction * drafter.draft_forwards / max(steps, 1)
+        scores.append({"skip": skip, "tokens_per_step": round(per_step, 3), "modelled_cost": round(cost, 3),
+                       "score": round(per_step / cost, 4)})
+    best = max(scores, key=lambda s: s["score"])
+    return {"best": best["skip"], "scores": scores}
+
+
+def _cache_key(target: LoadedModel, settings: dict[str, Any]) -> str:
+    config_file = Path(target.path) / "config.json"
+    weights = sorted(Path(target.path).glob("*.safetensors")) if Path(target.path).is_dir() else []
+    ident = {
+        "path": str(Path(target.path).resolve()) if Path(target.path).exists() else target.path,
+        "config": config_file.read_text() if config_file.is_file() else "",
+        "weights": [(w.name, w.stat().st_size, int(w.stat().st_mtime)) for w in weights],
+        "dtype": str(target.dtype), "settings": settings, "version": SEARCH_VERSION,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts: int, max_new_tokens: int
+                  ) -> list[int]:
+    """The searched skip set for this model, from the cache or searched now (and cached)."""
+    key = _cache_key(target, {"prompts": n_prompts, "max_new": max_new_tokens, **drafter_kwargs})
+    path = cache_dir() / f"{key}.json"
+    try:
+        return [int(i) for i in json.loads(path.read_text())["best"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = search_skip_set(target, n_prompts, max_new_tokens, **drafter_kwargs)
+    found["model"] = target.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(found, indent=2) + "\n")
+    os.replace(tmp, path)
+    return [int(i) for i in found["best"]]
+
+
+class SelfSpec(SpeculativeMethod):
+    """`method=self_spec`."""
+
+    def build_drafter(self) -> Drafter:
+        kwargs = {
+            "max_draft": int(self.cfg.get("max_draft", 8)),
+            "threshold": float(self.cfg.get("threshold", 0.6)),
+            "adaptive": bool(self.cfg.get("adaptive", True)),
+            "target_acceptance": float(self.cfg.get("target_acceptance", 0.8)),
+            "step": float(self.cfg.get("threshold_step", 0.01)),
+        }
+        skip = self.cfg.get("skip_layers", "auto")
+        if skip is None or str(skip) == "auto":
+            with torch.inference_mode():
+                skip = auto_skip_set(self.target, kwargs, int(self.cfg.get("search_prompts", 3)),
+                                     int(self.cfg.get("search_max_new_tokens", 48)))
+        elif isinstance(skip, str) or not all(isinstance(i, int) for i in skip):
+            raise SpecbenchError(f"self_spec skip_layers must be 'auto' or a list of layer indices, got {skip!r}")
+        self.skip_layers = [int(i) for i in skip]
+        return SelfSpecDrafter(self.target.model, self.skip_layers, **kwargs)
+
