@@ -1,0 +1,222 @@
+"""The draft-then-verify loop every speculative method shares.
+
+Per step: the drafter proposes a `DraftTree` under the pending token (the root); the target
+scores root + nodes in one forward; a verifier picks the accepted path and the target's own
+next token; the KV cache keeps exactly the root and the accepted path; the drafter is told
+what was accepted. The next token becomes the new root, so each step emits the accepted
+draft tokens plus one token of the target's own (the "bonus").
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from specbench.engine.target import TargetScorer, keep_rows
+from specbench.engine.tree import DraftTree
+from specbench.engine.verifier import Verdict, verify
+from specbench.errors import SpecbenchError
+from specbench.methods.base import GenerationResult, Method, Prefilled
+from specbench.models import LoadedModel
+from specbench.sampling import SamplingParams, next_token
+from specbench.stopping import StopCriteria
+from specbench.timing import Timer
+
+
+@dataclass
+class DraftContext:
+    """What a drafter sees when it proposes.
+
+    tokens is the engine's live list of generated tokens (read it, don't change it);
+    tokens[-1] is the root of the tree to propose, not yet in the target's cache. Nodes
+    deeper than max_depth are cut by the engine: they could only be accepted past the stop
+    rule's token budget, so a drafter saves work by not drafting them.
+    """
+
+    input_ids: torch.Tensor  # (1, prompt_len)
+    tokens: list[int]
+    sampling: SamplingParams
+    device: torch.device
+    max_depth: int = 0
+    step: int = 0
+
+
+@dataclass
+class Feedback:
+    """What the engine tells the drafter after a verified step.
+
+    tree: the tree as verified (after depth cuts or the chain fallback); verdict: the
+    accepted path, its tokens and the target's next token (the next root); logits: (n + 1, V)
+    target logits of the root and the nodes (row 0 = root), e.g. for token recycling;
+    hidden_states: the target's per-layer hidden states (1, rows, H) of the whole block when
+    the drafter asked for them (keep `verdict.rows`), e.g. for EAGLE / Medusa heads;
+    aux_logits: logits of the drafter's aux positions (Lookahead / Jacobi).
+    """
+
+    tree: DraftTree
+    verdict: Verdict
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    aux_logits: torch.Tensor | None = None
+
+
+class Drafter:
+    """Proposes draft trees; one instance per method, reused across generate calls."""
+
+    #: ask the engine for the target's hidden states (prefill: `state.extra["hidden_states"]`)
+    needs_hidden_states: bool = False
+
+    def reset(self) -> None:
+        """Forget state carried across calls (start of every run)."""
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        """A generate call starts: the target has prefilled the prompt and chose state.tokens[0]."""
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        raise NotImplementedError
+
+    def accepted(self, feedback: Feedback) -> None:
+        """The step was verified (not called after the step that ends generation)."""
+
+
+@dataclass
+class StepStats:
+    """Per-call counters for the answer file: compact, JSON-ready."""
+
+    draft_lengths: list[int] = field(default_factory=list)  # nodes verified per step
+    draft_depths: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per step (before the stop cut)
+    tree_steps: int = 0
+    fallback: str | None = None
+
+    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool) -> None:
+        self.draft_lengths.append(tree.n)
+        self.draft_depths.append(tree.layout.max_depth)
+        self.accepted.append(len(verdict.path))
+        self.tree_steps += tree_mode
+
+    def summary(self) -> dict[str, Any]:
+        """Totals, per-step draft lengths, and per-position acceptance: position_drafted[d] is
+        the number of steps whose draft reached depth d + 1, position_accepted[d] how many of
+        them had it accepted."""
+        depth = max(self.draft_depths, default=0)
+        drafted = [sum(d > i for d in self.draft_depths) for i in range(depth)]
+        accepted = [sum(a > i for a in self.accepted) for i in range(depth)]
+        out: dict[str, Any] = {
+            "steps": len(self.draft_lengths),
+            "drafted_tokens": sum(self.draft_lengths),
+            "accepted_tokens": sum(self.accepted),
+            "draft_lengths": self.draft_lengths,
+            "position_drafted": drafted,
+            "position_accepted": accepted,
+        }
+        if self.draft_depths != self.draft_lengths:  # trees: depth and size differ
+            out["draft_depths"] = self.draft_depths
+            out["tree_steps"] = self.tree_steps
+        if self.fallback:
+            out["tree_fallback"] = self.fallback
+        return out
+
+
+class SpeculativeMethod(Method):
+    """A Method whose decode is the shared speculative loop; subclasses supply `build_drafter`.
+
+    Tests and experiments may pass a drafter directly instead.
+    """
+
+    def __init__(
+        self, target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig, drafter: Drafter | None = None
+    ) -> None:
+        super().__init__(target, cfg, model_cfg)
+        self.drafter = drafter if drafter is not None else self.build_drafter()
+        self.scorer = TargetScorer(target.model, target.device, target.dtype)
+
+    def build_drafter(self) -> Drafter:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self.drafter.reset()
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:
+        if not self.drafter.needs_hidden_states:
+            return super().prefill(input_ids, sampling)
+        cache = self.target.new_cache()
+        out = self.target.model(
+            input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True
+        )
+        logits = out.logits[:, -1, :]
+        first = int(next_token(logits, sampling)[0])
+        return Prefilled(input_ids, [first], cache, logits, {"hidden_states": out.hidden_states})
+
+    def _tree_mode(self, tree: DraftTree, cache: Any, stats: StepStats) -> tuple[DraftTree, bool]:
+        """Whether this step needs the tree mask; a chain of first children where it can't run."""
+        if tree.layout.is_chain and tree.aux is None:
+            return tree, False
+        if self.scorer.tree_support(cache):
+            return tree, True
+        if stats.fallback is None:
+            stats.fallback = self.scorer.tree_problem
+            warnings.warn(
+                f"{type(self).__name__}: the target {self.target.path} cannot verify token trees "
+                f"({self.scorer.tree_problem}); verifying each tree's first branch as a chain instead",
+                RuntimeWarning, stacklevel=3,
+            )
+        return tree.first_branch(), False
+
+    @torch.inference_mode()
+    def decode(
+        self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
+    ) -> GenerationResult:
+        tokens = list(state.tokens)
+        accept_lengths: list[int] = []
+        stats = StepStats()
+        if stop.cut(tokens, 0) is not None:
+            return GenerationResult(tokens, accept_lengths, stats.summary())
+        cache = state.cache
+        if not getattr(cache, "is_croppable", True):
+            raise SpecbenchError(f"the KV cache of {self.target.path} cannot be rolled back; "
+                                 "speculative decoding needs a croppable cache")
+        record_past = getattr(cache, "activate_past_recording", None)
+        if record_past is not None:
+            record_past()  # sliding-window layers then keep what a crop may need
+        past = int(state.input_ids.shape[1])
+        model_out_hidden = self.drafter.needs_hidden_states
+        ctx = DraftContext(state.input_ids, tokens, sampling, self.target.device)
+        with timer.section("draft"):
+            self.drafter.begin(state, sampling)
+        while True:
+            ctx.max_depth = stop.max_new_tokens - len(tokens) - 1
+            with timer.section("draft"):
+                tree = self.drafter.propose(ctx)
+            tree = tree.truncate(ctx.max_depth)
+            tree, tree_mode = self._tree_mode(tree, cache, stats)
+            n = tree.n
+            with timer.section("verify"):
+                out = self.scorer.score(cache, past, tokens[-1], tree, tree_mode, model_out_hidden)
+                logits = out.logits[0]
+                verdict = verify(tree, logits[: n + 1], sampling)
+            rows = verdict.rows
+            keep_rows(cache, past, logits.shape[0], rows)
+            past += len(rows)
+            start = len(tokens)
+            tokens.extend(verdict.tokens)
+            tokens.append(verdict.token)
+            stats.record(tree, verdict, tree_mode)
+            cut = stop.cut(tokens, start)
+            if cut is not None:
+                del tokens[cut:]
+                accept_lengths.append(cut - start)
+                return GenerationResult(tokens, accept_lengths, stats.summary())
+            accept_lengths.append(len(tokens) - start)
+            ctx.step += 1
+            with timer.section("draft"):
+                self.drafter.accepted(Feedback(
+                    tree, verdict, logits[: n + 1],
+                    out.hidden_states if model_out_hidden else None,
+                    logits[n + 1 :] if tree.aux is not None and tree_mode else None,
+                ))

@@ -1,0 +1,174 @@
+"""SpS: speculative sampling with an independent draft model (Leviathan et al. 2023, Chen et al. 2023).
+
+The draft proposes a chain of K tokens autoregressively with its own KV cache, which is
+kept across steps and cropped to the accepted prefix; the shared engine verifies the chain
+in one target forward. K may adapt as in transformers' "heuristic" schedule.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
+from specbench.errors import SpecbenchError
+from specbench.methods.base import Prefilled
+from specbench.models import LoadedModel, load_model
+from specbench.sampling import SamplingParams, probs_from_logits, sample
+
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) -> None:
+    """Refuse a draft whose tokenizer maps tokens to ids differently from the target's.
+
+    Tokens both tokenizers have must have the same id; tokens only one has must be added
+    (special) tokens whose ids the other leaves unused (e.g. Qwen2's tokenizer class adds
+    `<|endoftext|>` to any vocabulary).
+    """
+    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if target_vocab == draft_vocab:
+        return
+    added = set(target.tokenizer.get_added_vocab()) | set(draft.tokenizer.get_added_vocab())
+    problems = [tok for tok in target_vocab.keys() & draft_vocab.keys() if target_vocab[tok] != draft_vocab[tok]]
+    for mine, other in ((target_vocab, draft_vocab), (draft_vocab, target_vocab)):
+        used = set(other.values())
+        problems += [tok for tok in mine.keys() - other.keys() if tok not in added or mine[tok] in used]
+    if problems:
+        raise SpecbenchError(
+            f"draft '{spec}' does not share the target's tokenizer ({len(draft_vocab)} vs {len(target_vocab)} tokens, "
+            f"{len(problems)} differ); a draft must use the target's vocabulary"
+        )
+
+
+def load_draft(target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig, method: str) -> tuple[LoadedModel, str]:
+    """The draft named by `method.draft`, else by the model config's `draft`, checked against the target."""
+    spec = cfg.get("draft") or model_cfg.get("draft")
+    if not spec:
+        raise SpecbenchError(f"method {method} needs a draft model; set model.draft=... or method.draft=...")
+    draft = load_model(
+        str(spec), device=target.device, dtype=target.dtype,
+        trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+    )
+    check_same_vocabulary(target, draft, str(spec))
+    return draft, str(spec)
+
+
+def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits over the target's logit width (checkpoints pad their heads differently)."""
+    width = logits.shape[-1]
+    if width > vocab:
+        return logits[..., :vocab]
+    if width < vocab:
+        return torch.nn.functional.pad(logits, (0, vocab - width), value=float("-inf"))
+    return logits
+
+
+def logits_width(model: LoadedModel) -> int:
+    """How many logits the model's head produces (may exceed len(tokenizer): padded heads)."""
+    head = model.model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.model.config.get_text_config().vocab_size)
+
+
+class SpsDrafter(Drafter):
+    """Drafts a chain of K tokens with a small model that shares the target's tokenizer.
+
+    schedule: "constant" keeps K; "heuristic" adds 2 after a fully accepted draft and
+    subtracts 1 (down to 1) otherwise, carried across calls until `reset()`, as transformers'
+    assisted generation; "heuristic_transient" does the same but restarts every call.
+    """
+
+    def __init__(
+        self, draft: LoadedModel, num_tokens: int, vocab_size: int, schedule: str = "constant",
+        max_tokens: int | None = None,
+    ) -> None:
+        if num_tokens < 1:
+            raise SpecbenchError(f"num_speculative_tokens must be >= 1, got {num_tokens}")
+        if schedule not in SCHEDULES:
+            raise SpecbenchError(f"unknown schedule '{schedule}'; use one of {', '.join(SCHEDULES)}")
+        self.draft = draft
+        self.k0 = num_tokens
+        self.vocab_size = vocab_size
+        self.schedule = schedule
+        self.max_tokens = max_tokens
+        self.k = num_tokens
+        self.cache = None
+        self.cached = 0  # tokens (prompt + generated) the draft cache holds
+        self.drafted = 0  # chain length of the last proposal
+        self.sampling = SamplingParams()
+
+    def reset(self) -> None:
+        self.k = self.k0
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        # The draft's prompt prefill happens in the first propose, merged with the first token.
+        self.cache = self.draft.new_cache()
+        record_past = getattr(self.cache, "activate_past_recording", None)
+        if record_past is not None:
+            record_past()  # a sliding-window draft can then be cropped too
+        self.cached = 0
+        self.sampling = sampling
+        if self.schedule == "heuristic_transient":
+            self.k = self.k0
+
+    def _step(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.draft.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        return _fit_vocab(out.logits[0, -1], self.vocab_size)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        k = min(self.k, ctx.max_depth)
+        self.drafted = max(k, 0)
+        if k <= 0:
+            return DraftTree.empty(ctx.device)
+        # Feed what the draft has not seen: (the prompt and) the tokens since its last crop.
+        prompt_len = int(ctx.input_ids.shape[1])
+        new = torch.tensor(ctx.tokens[max(0, self.cached - prompt_len) :], dtype=torch.long, device=ctx.device)
+        if self.cached < prompt_len:
+            new = torch.cat([ctx.input_ids[0, self.cached :].to(ctx.device), new])
+        self.cached = prompt_len + len(ctx.tokens) + k - 1  # the last draft token is never fed
+        greedy = self.sampling.greedy
+        drafted: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        logits = self._step(new[None])
+        for i in range(k):
+            # Tokens stay on the device: no host sync while drafting.
+            if greedy:
+                token = logits.argmax(-1)
+            else:
+                p = probs_from_logits(logits, self.sampling)
+                token = sample(p)
+                probs.append(p)
+            drafted.append(token)
+            if i < k - 1:
+                logits = self._step(token.view(1, 1))
+        return DraftTree.chain(torch.stack(drafted), torch.stack(probs) if probs else None)
+
+    def accepted(self, feedback: Feedback) -> None:
+        m = len(feedback.verdict.path)
+        if self.drafted > 0:
+            # The cache holds the root and draft tokens 1..K-1; keep the root and the accepted ones.
+            keep = self.cached - (self.drafted - 1) + min(m, self.drafted - 1)
+            if keep < self.cached:
+                self.cache.crop(keep - self.cached)
+                self.cached = keep
+        if self.schedule != "constant" and self.drafted > 0:
+            self.k = self.k + 2 if m == self.drafted else max(1, self.k - 1)
+            if self.max_tokens:
+                self.k = min(self.k, int(self.max_tokens))
+
+
+class SpS(SpeculativeMethod):
+    """`method=sps`: the draft from `method.draft` or the model config's `draft`."""
+
+    def build_drafter(self) -> Drafter:
+        draft, _ = load_draft(self.target, self.cfg, self.model_cfg, "sps")
+        vocab = logits_width(self.target)
+        return SpsDrafter(
+            draft,
+            num_tokens=int(self.cfg.get("num_speculative_tokens", 5)),
+            vocab_size=vocab,
+            schedule=str(self.cfg.get("schedule", "heuristic")),
+            max_tokens=self.cfg.get("max_speculative_tokens"),
+        )
