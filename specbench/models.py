@@ -66,9 +66,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def resolve_path(spec: str) -> str:
     """A hub id or folder as given; `zoo:NAME` is a model of the embedded zoo (built on demand)."""
     if spec.startswith(ZOO_PREFIX):
-        from specbench import zoo
+        from specbench.zoo.parts import resolve
 
-        return str(zoo.ensure_zoo() / spec[len(ZOO_PREFIX) :])
+        return str(resolve(spec[len(ZOO_PREFIX) :]))
     expanded = os.path.expanduser(spec)
     if expanded.startswith((".", "/", "~")) and not Path(expanded).is_dir():
         raise SpecbenchError(f"model folder '{spec}' does not exist; give an existing folder or a hub id")

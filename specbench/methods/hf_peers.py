@@ -150,6 +150,9 @@ class HfAssisted(HfPeer):
             )
         self.reset()
 
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.draft.model.parameters())
+
     def reset(self) -> None:
         # transformers keeps the "heuristic" K on the assistant's generation config across calls.
         config = self.draft.model.generation_config

@@ -172,3 +172,6 @@ class SpS(SpeculativeMethod):
             schedule=str(self.cfg.get("schedule", "heuristic")),
             max_tokens=self.cfg.get("max_speculative_tokens"),
         )
+
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.drafter.draft.model.parameters())
