@@ -1,0 +1,12 @@
+"""The embedded model zoo (`model=tiny`): a tiny Llama target and drafts trained on CPU.
+
+No GPU and no downloads: `ensure_zoo()` trains a byte-level BPE tokenizer, a Llama target, a
+draft distilled from it and a plain draft on the synthetic corpus (specbench.synth), writes a
+quality card, and caches the result under `zoo_root()/<zoo_hash(cfg)>`. Every model folder
+loads with `AutoTokenizer` / `AutoModelForCausalLM` like a hub model.
+"""
+
+from specbench.zoo.cli import zoo_main
+from specbench.zoo.store import ZOO_CODE_VERSION, ensure_zoo, is_complete, load_zoo_config, zoo_hash, zoo_root
+
+__all__ = ["ZOO_CODE_VERSION", "ensure_zoo", "is_complete", "load_zoo_config", "zoo_hash", "zoo_main", "zoo_root"]

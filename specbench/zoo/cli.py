@@ -1,0 +1,63 @@
+"""`python -m specbench zoo build|path|card`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from specbench.errors import SpecbenchError
+from specbench.zoo import store
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specbench zoo",
+                                     description="The embedded tiny model zoo (model=tiny).")
+    sub = parser.add_subparsers(dest="action", required=True)
+    build = sub.add_parser("build", help="build the zoo (or reuse the cached one) and print its quality card")
+    build.add_argument("--force", action="store_true", help="rebuild even when a finished zoo is cached")
+    path = sub.add_parser("path", help="print the zoo's folder (built or not)")
+    card = sub.add_parser("card", help="print the quality card of the built zoo")
+    card.add_argument("--json", action="store_true", help="print quality.json as is")
+    for p in (build, path, card):
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="configs/zoo.yaml overrides")
+    return parser
+
+
+def _card_text(folder: os.PathLike, as_json: bool = False) -> str:
+    from specbench.zoo.build import QUALITY_CARD
+    from specbench.zoo.card import format_card
+
+    with open(os.path.join(folder, QUALITY_CARD)) as fh:
+        card = json.load(fh)
+    return json.dumps(card, indent=2) if as_json else format_card(card)
+
+
+def zoo_main(argv: list[str]) -> int:
+    """The body of `python -m specbench zoo ...`; returns the exit status."""
+    opts = _parser().parse_args(argv)
+    try:
+        cfg = store.load_zoo_config(opts.overrides)
+        folder = store.zoo_root() / store.zoo_hash(cfg)
+        if opts.action == "path":
+            print(folder)
+            if not store.is_complete(folder):
+                print("(not built yet: `python -m specbench zoo build`)", file=sys.stderr)
+            return 0
+        if opts.action == "card":
+            if not store.is_complete(folder):
+                raise SpecbenchError(f"the zoo {folder} is not built; run `python -m specbench zoo build`")
+            print(_card_text(folder, opts.json))
+            return 0
+        cached = store.is_complete(folder) and not opts.force
+        folder = store.ensure_zoo(cfg, force=opts.force)
+        if cached:  # a fresh build has already printed its card
+            print(_card_text(folder))
+        print(f"zoo: {folder}")
+        return 0
+    except SpecbenchError as exc:
+        if os.environ.get("SPECBENCH_VERBOSE"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,142 @@
+"""Where the zoo lives and how a finished one is told from a half-written one.
+
+A zoo is `zoo_root()/<hash>`. It is built in a temporary sibling folder, gets a `COMPLETE`
+marker as its very last file, and is then renamed into place, all under an exclusive
+`flock` on `<root>/<hash>.lock`; so a killed build leaves at most a temporary folder that the
+next build deletes, and two processes never build the same zoo at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specbench.errors import SpecbenchError
+
+#: Bump when a change of the zoo code changes what a build produces.
+ZOO_CODE_VERSION = "zoo-1"
+ENV_VAR = "SPECBENCH_ZOO_DIR"
+CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "zoo.yaml"
+COMPLETE = "COMPLETE"
+#: Measured on the 2-core CPU machine the zoo is sized for.
+BUILD_TIME = "about 13 minutes on 2 CPU cores"
+
+
+def zoo_root() -> Path:
+    """$SPECBENCH_ZOO_DIR if set, else ~/.cache/specbench/zoo."""
+    env = os.environ.get(ENV_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench" / "zoo"
+
+
+def load_zoo_config(overrides: list[str] | None = None) -> DictConfig:
+    """configs/zoo.yaml with dotlist overrides (`target.train.lr=1e-3`); unknown keys are errors."""
+    if not CONFIG_PATH.is_file():
+        raise SpecbenchError(f"zoo config {CONFIG_PATH} is missing; run from a specbench checkout")
+    cfg = OmegaConf.load(CONFIG_PATH)
+    OmegaConf.set_struct(cfg, True)
+    try:
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        raise SpecbenchError(f"bad zoo override: {str(exc).splitlines()[0]} (keys are those of {CONFIG_PATH})") \
+            from exc
+    return cfg
+
+
+def zoo_hash(cfg: DictConfig) -> str:
+    """12 hex digits of SHA-256 over the resolved config, the generator version and the code version."""
+    from specbench import synth
+
+    payload = json.dumps(
+        {"config": OmegaConf.to_container(cfg, resolve=True), "generator": synth.GENERATOR_VERSION,
+         "code": ZOO_CODE_VERSION},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
+
+
+def is_complete(path: Path) -> bool:
+    """Whether `path` is a finished zoo: its COMPLETE marker exists and names this folder's hash."""
+    try:
+        marker = json.loads((path / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("zoo_hash") == path.name
+
+
+def _clear_leftovers(root: Path, digest: str) -> None:
+    """Delete what killed builds of this hash left (called under the lock, so none is running)."""
+    for leftover in root.glob(f".{digest}.*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    final = root / digest
+    if final.exists() and not is_complete(final):
+        shutil.rmtree(final, ignore_errors=True)
+
+
+def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
+    """The folder of the zoo for `cfg` (default: configs/zoo.yaml), built first if needed."""
+    cfg = load_zoo_config() if cfg is None else cfg
+    root, digest = zoo_root(), zoo_hash(cfg)
+    final = root / digest
+    if not force and is_complete(final):
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecbenchError(f"cannot create the zoo cache {root} ({exc.strerror}); set {ENV_VAR} to a writable "
+                             "folder") from exc
+    with open(root / f"{digest}.lock", "a") as lock:
+        waited = False
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"specbench: another process is building the tiny model zoo {final}; waiting for it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            waited = True
+        # Whoever held the lock may have just finished this very zoo: reuse it (even when
+        # forced, since it is brand new).
+        if is_complete(final) and (not force or waited):
+            return final
+        _clear_leftovers(root, digest)
+        print(f"specbench: building the tiny model zoo into {final} ({BUILD_TIME}; done once, then cached; "
+              f"`python -m specbench zoo build` builds it ahead of time)", file=sys.stderr, flush=True)
+        _build_into(cfg, root, digest)
+    return final
+
+
+def _build_into(cfg: DictConfig, root: Path, digest: str) -> None:
+    from specbench.zoo.build import build
+    from specbench.zoo.card import format_card
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}.building-", dir=root))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the finished zoo is a readable cache
+        card = build(cfg, tmp, digest, ZOO_CODE_VERSION)
+        print(format_card(card), file=sys.stderr, flush=True)
+        marker = json.dumps({"zoo_hash": digest, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        with open(tmp / COMPLETE, "w") as fh:  # written last: its presence means everything else is there
+            fh.write(marker + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        final = root / digest
+        if final.exists():  # a forced rebuild: move the old one aside first (rename cannot overwrite a folder)
+            old = root / f".{digest}.old-{os.getpid()}"
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
