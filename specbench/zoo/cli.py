@@ -34,6 +34,12 @@ def _card_text(folder: os.PathLike, as_json: bool = False) -> str:
     return json.dumps(card, indent=2) if as_json else format_card(card)
 
 
+def _heads_line(card_path: os.PathLike) -> str:
+    card = json.loads(open(card_path).read())
+    return ", ".join(f"{name} {card[name]['params'] / 1e6:.2f}M params" for name in ("eagle", "medusa")) + (
+        f", trained in {card.get('build_seconds', 0):.0f}s")
+
+
 def zoo_main(argv: list[str]) -> int:
     """The body of `python -m specbench zoo ...`; returns the exit status."""
     opts = _parser().parse_args(argv)
@@ -55,6 +61,12 @@ def zoo_main(argv: list[str]) -> int:
         if cached:  # a fresh build has already printed its card
             print(_card_text(folder))
         print(f"zoo: {folder}")
+        if not opts.overrides:  # the parts hang off the default zoo: heads and the REST datastore
+            from specbench.zoo.parts import HEADS_CARD, ensure_heads, resolve
+
+            heads = ensure_heads()
+            print(f"zoo heads: {heads} ({_heads_line(heads / HEADS_CARD)})")
+            print(f"zoo datastore: {resolve('datastore')}")
         return 0
     except SpecbenchError as exc:
         if os.environ.get("SPECBENCH_VERBOSE"):

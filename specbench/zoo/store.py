@@ -29,7 +29,7 @@ ENV_VAR = "SPECBENCH_ZOO_DIR"
 CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "zoo.yaml"
 COMPLETE = "COMPLETE"
 #: Measured on the 2-core CPU machine the zoo is sized for.
-BUILD_TIME = "about 13 minutes on 2 CPU cores"
+BUILD_TIME = "about 27 minutes on 2 CPU cores"
 
 
 def zoo_root() -> Path:
@@ -77,9 +77,11 @@ def is_complete(path: Path) -> bool:
 
 def _clear_leftovers(root: Path, digest: str) -> None:
     """Delete what killed builds of this hash left (called under the lock, so none is running)."""
-    for leftover in root.glob(f".{digest}.*"):
-        if leftover.is_dir():
-            shutil.rmtree(leftover, ignore_errors=True)
+    # Only our own patterns: other tools may keep their own `.{digest}.<something>` folders here.
+    for pattern in (f".{digest}.building-*", f".{digest}.old-*"):
+        for leftover in root.glob(pattern):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
     final = root / digest
     if final.exists() and not is_complete(final):
         shutil.rmtree(final, ignore_errors=True)
