@@ -9,8 +9,8 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 # The methods of the main job and the leaderboard (Hydra multirun; the baseline runs first).
-METHODS ?= baseline,sps,pld
-BENCH_ARGS ?= task=all
+METHODS ?= baseline,sps,sps_plain,pld,hf_assisted,hf_pld,eagle,eagle2,medusa,lookahead,lookahead_cpu,jacobi,rest,recycling,self_spec
+BENCH_ARGS ?= task=all limit=10
 # results/leaderboard holds what `report` writes; results/answers (git-ignored) the answer files.
 
 .PHONY: install bench leaderboard check test zoo data synth lint

@@ -15,10 +15,12 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from specbench.data import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 from specbench.report import BASELINE, Group, MethodResult  # noqa: E402
 
-PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
-           "#CCB974", "#64B5CD", "#1B9E77", "#D95F02", "#7570B3", "#E7298A"]
+# matplotlib's tab20: one distinct colour for each of the 16 methods we ship, then by hash
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+           "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]
 KNOWN = ["sps", "pld", "eagle", "eagle2", "medusa", "lookahead", "jacobi", "rest", "recycling", "self_spec",
-         "hf_assisted", "hf_pld"]
+         "hf_assisted", "hf_pld", "sps_plain", "lookahead_cpu"]
 
 
 def colour(method: str) -> str:

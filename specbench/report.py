@@ -316,7 +316,7 @@ def method_facts(runs: list[Run]) -> dict[str, Any]:
     """The method's taxonomy and extra parameters, as recorded in its meta.json."""
     for run in runs:
         if run.meta:
-            method_cfg = run.meta.get("config", {}).get("method", {})
+            method_cfg = run.meta.get("identity", {}).get("method") or {}
             facts = dict(method_cfg.get("facts") or {})
             if "extra_parameters" in run.meta:
                 facts["extra_parameters"] = run.meta["extra_parameters"]

@@ -5,6 +5,7 @@ It owns timing and I/O; methods only compute. Re-running the same command resume
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import shutil
 import subprocess
@@ -82,6 +83,18 @@ def environment(target: LoadedModel) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
     }
+
+
+def weights_fingerprint(folder: str) -> str | None:
+    """Short SHA-256 of a local model's safetensors files: answers (and check references) made
+    with other weights under the same name are told apart."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(data.sha256_of(file).encode())
+    return digest.hexdigest()[:16]
 
 
 def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -210,6 +223,7 @@ class Session:
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "environment": environment(self.target),
             "target_parameters": sum(p.numel() for p in self.target.model.parameters()),
+            "target_weights": weights_fingerprint(self.target.path),
             "extra_parameters": method.extra_parameters(),
             "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
             "started": time.time(),

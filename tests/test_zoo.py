@@ -142,7 +142,8 @@ def tiny_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "zoo"
 
 
-def test_half_written_zoo_is_rebuilt(tiny_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_half_written_zoo_is_rebuilt(tiny_root: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_zoo_config(TINY)
     digest = zoo_hash(cfg)
     final = tiny_root / digest
@@ -165,6 +166,9 @@ def test_half_written_zoo_is_rebuilt(tiny_root: Path, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(zoo_build, "build", no_build)
     assert ensure_zoo(cfg) == final
+    assert zoo_main(["card", "--speed", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "floors:" in out and "now: speed" in out
 
     # A marker naming another hash does not count (e.g. a folder copied under a wrong name).
     (final / "COMPLETE").write_text(json.dumps({"zoo_hash": "0" * 12}))

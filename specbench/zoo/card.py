@@ -8,6 +8,7 @@ speed numbers are wall-clock and only printed and saved (never asserted).
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 import time
@@ -184,7 +185,20 @@ def measure_speed(target: torch.nn.Module, draft: torch.nn.Module, context: int,
         "draft_decode1_ms": round(dr * 1e3, 3),
         "draft_over_target": round(statistics.median(r[2] / r[0] for r in rounds), 3),
         "threads": torch.get_num_threads(),
+        # Other processes on the same cores distort these numbers badly (torch's OpenMP threads
+        # spin-wait for a descheduled sibling): the load average tells a reader whether to trust them.
+        "load_average": round(os.getloadavg()[0], 2),
     }
+
+
+def format_speed(speed: dict) -> str:
+    """One line of decode timings (see measure_speed)."""
+    k = speed["verify_tokens"]
+    load = f", load average {speed['load_average']}" if "load_average" in speed else ""
+    return (f"speed ({speed['threads']} threads{load}, {speed['context_tokens']} tokens of context): "
+            f"target decode 1 {speed['target_decode1_ms']:.2f} ms, verify {k} "
+            f"{speed[f'target_verify{k}_ms']:.2f} ms (x{speed['verify_over_decode']:.2f}), "
+            f"draft decode 1 {speed['draft_decode1_ms']:.2f} ms (x{speed['draft_over_target']:.3f} of target)")
 
 
 def format_card(card: dict) -> str:
@@ -205,13 +219,8 @@ def format_card(card: dict) -> str:
                   f"end with EOS {gen['eos_fraction']:.3f} (benchmark prompts {gen['eos_fraction_questions']:.3f}), "
                   f"mean length {gen['mean_answer_tokens']} tokens, max {gen['max_answer_tokens']}",
                   f"math exact match (held-out): {gen['math_exact_match']:.3f} of {gen['math_problems']}"]
-    speed = card.get("speed", {})
-    if speed:
-        k = speed["verify_tokens"]
-        lines += ["", f"speed ({speed['threads']} threads, {speed['context_tokens']} tokens of context): "
-                  f"target decode 1 {speed['target_decode1_ms']:.2f} ms, verify {k} "
-                  f"{speed[f'target_verify{k}_ms']:.2f} ms (x{speed['verify_over_decode']:.2f}), "
-                  f"draft decode 1 {speed['draft_decode1_ms']:.2f} ms (x{speed['draft_over_target']:.3f} of target)"]
+    if card.get("speed"):
+        lines += ["", format_speed(card["speed"])]
     build = card.get("build_seconds", {})
     if build:
         lines += ["", "build: " + ", ".join(f"{k} {v:.0f}s" for k, v in build.items())]

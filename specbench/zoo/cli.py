@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from omegaconf import DictConfig
+
 from specbench.errors import SpecbenchError
 from specbench.zoo import store
 
@@ -20,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     path = sub.add_parser("path", help="print the zoo's folder (built or not)")
     card = sub.add_parser("card", help="print the quality card of the built zoo")
     card.add_argument("--json", action="store_true", help="print quality.json as is")
+    card.add_argument("--speed", action="store_true",
+                      help="also time decoding now, on this machine (the card's numbers are from the build)")
     for p in (build, path, card):
         p.add_argument("overrides", nargs="*", metavar="key=value", help="configs/zoo.yaml overrides")
     return parser
@@ -32,6 +36,21 @@ def _card_text(folder: os.PathLike, as_json: bool = False) -> str:
     with open(os.path.join(folder, QUALITY_CARD)) as fh:
         card = json.load(fh)
     return json.dumps(card, indent=2) if as_json else format_card(card)
+
+
+def _speed_now(folder: os.PathLike, cfg: DictConfig) -> str:
+    """Target/draft decode timings measured now with the card's settings."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specbench.zoo.card import format_speed, measure_speed
+
+    torch.set_num_threads(int(cfg.threads))
+    target, draft = (AutoModelForCausalLM.from_pretrained(os.path.join(folder, name), dtype=torch.float32).eval()
+                     for name in ("target", "draft"))
+    speed = measure_speed(target, draft, int(cfg.speed.context), int(cfg.speed.verify_tokens), int(cfg.speed.reps),
+                          int(cfg.seed))
+    return "now: " + format_speed(speed)
 
 
 def _heads_line(card_path: os.PathLike) -> str:
@@ -55,6 +74,8 @@ def zoo_main(argv: list[str]) -> int:
             if not store.is_complete(folder):
                 raise SpecbenchError(f"the zoo {folder} is not built; run `python -m specbench zoo build`")
             print(_card_text(folder, opts.json))
+            if opts.speed:
+                print(_speed_now(folder, cfg))
             return 0
         cached = store.is_complete(folder) and not opts.force
         folder = store.ensure_zoo(cfg, force=opts.force)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specbench.zoo.store import CONFIG_PATH, ensure_zoo, load_zoo_config
+from specbench.zoo.store import COMPLETE, CONFIG_PATH, ensure_zoo, load_zoo_config
 
 HEADS_CONFIG = CONFIG_PATH.with_name("zoo_heads.yaml")
 HEADS = ("eagle", "medusa")
@@ -29,8 +29,10 @@ HEADS_CARD = "heads.json"
 
 def heads_dir(zoo: Path) -> Path:
     """`<zoo root>/<zoo hash>.heads-<hash of zoo_heads.yaml>` (not necessarily built yet)."""
+    # The zoo's COMPLETE marker carries its build time: a forced rebuild of the target (same
+    # hash, new weights) gets new heads instead of reusing ones trained on the old target.
     payload = json.dumps({"config": OmegaConf.to_container(OmegaConf.load(HEADS_CONFIG), resolve=True),
-                          "code": HEADS_CODE_VERSION}, sort_keys=True)
+                          "code": HEADS_CODE_VERSION, "zoo": (zoo / COMPLETE).read_text()}, sort_keys=True)
     return zoo.with_name(f"{zoo.name}.heads-{hashlib.sha256(payload.encode()).hexdigest()[:8]}")
 
 

@@ -29,7 +29,7 @@ ENV_VAR = "SPECBENCH_ZOO_DIR"
 CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "zoo.yaml"
 COMPLETE = "COMPLETE"
 #: Measured on the 2-core CPU machine the zoo is sized for.
-BUILD_TIME = "about 27 minutes on 2 CPU cores"
+BUILD_TIME = "15 to 30 minutes on 2 CPU cores"
 
 
 def zoo_root() -> Path:
