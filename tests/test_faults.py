@@ -42,9 +42,9 @@ def test_failing_questions_are_recorded_and_excluded(tiny_models, tmp_path):
 
 
 def test_ctrl_c_keeps_answers_and_says_how_far(tiny_models, tmp_path):
-    questions = write_questions(tmp_path / "q.jsonl", per_category=4)
+    questions = write_questions(tmp_path / "q.jsonl", per_category=10)
     out = tmp_path / "results"
-    args = base_args(tiny_models["llama"], questions, out, "max_new_tokens=32")
+    args = base_args(tiny_models["llama"], questions, out, "max_new_tokens=200")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "specbench", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -52,6 +52,7 @@ def test_ctrl_c_keeps_answers_and_says_how_far(tiny_models, tmp_path):
     deadline = time.time() + 300
     while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < 1):
         time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130

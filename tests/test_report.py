@@ -36,7 +36,8 @@ def write_run(root, method, records, temperature=0.0, run=1, facts=None):
     with AnswerWriter(folder / "answers.jsonl") as w:
         for r in records:
             w.write(r)
-    write_meta(folder / "meta.json", {"identity": {"dtype": "float32", "model": "zoo:target"},
+    write_meta(folder / "meta.json", {"identity": {"dtype": "float32", "model": "zoo:target",
+                                                   "method": {"name": method, "facts": facts or {}}},
                                       "environment": {"device": "cpu"},
                                       "config": {"method": {"name": method, "facts": facts or {}}},
                                       "target_parameters": 1000, "extra_parameters": 10})
