@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -158,6 +160,33 @@ def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:
         )
 
 
+_previous_handler: Any = None
+
+
+def install_interrupt_flag() -> Any:
+    """Ctrl-C during a run finishes the question in flight, then stops cleanly (a second
+    Ctrl-C stops at once). Returns a function telling whether Ctrl-C was pressed."""
+    global _previous_handler
+    pressed = [False]
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: False
+
+    def handler(signum: int, frame: Any) -> None:
+        if pressed[0]:
+            raise KeyboardInterrupt
+        pressed[0] = True
+
+    _previous_handler = signal.signal(signal.SIGINT, handler)
+    return lambda: pressed[0]
+
+
+def restore_interrupt() -> None:
+    global _previous_handler
+    if _previous_handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _previous_handler)
+        _previous_handler = None
+
+
 def write_or_explain(writer: AnswerWriter, record: dict[str, Any]) -> None:
     try:
         writer.write(record)
@@ -255,9 +284,12 @@ class Session:
         written = failed = 0
         tokens = seconds = 0.0
         bar = tqdm(todo, desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
+        interrupted = install_interrupt_flag()
         try:
             with AnswerWriter(folder / ANSWERS) as writer:
                 for question in bar:
+                    if interrupted():
+                        raise KeyboardInterrupt
                     try:
                         record = self.answer(method, question)
                     except Exception as exc:  # noqa: BLE001 - any failure of one question is recorded
@@ -278,6 +310,8 @@ class Session:
             print(f"\n{label}: interrupted after {written} of {len(todo)} questions; the answers so far are saved "
                   f"in {folder}; run the same command again to resume", file=sys.stderr)
             raise
+        finally:
+            restore_interrupt()
         if failed:
             print(f"{label}: {failed} question(s) failed, listed in {folder / ERRORS}", file=sys.stderr)
 

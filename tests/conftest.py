@@ -72,3 +72,13 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     tok = make_tokenizer(root / "tokenizer")
     return {arch: make_model(root / arch, arch, tok) for arch in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and leave the other core to whoever else is busy);
+    modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -45,13 +45,7 @@ EMPTY = OmegaConf.create({})
 PARENTS = (-1, -1, 0, 0, 1, 3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the other core to whoever else is busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_layout_of_a_hand_made_tree():

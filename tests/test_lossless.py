@@ -40,13 +40,7 @@ PROMPTS = [["the quick brown fox jumps over the lazy dog, the quick brown fox"],
 LENGTHS = (1, 6, 40)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the other core to whoever else is busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def method_cfg(name: str, **overrides) -> OmegaConf:

@@ -30,14 +30,7 @@ from specbench.models import LoadedModel, load_model
 from specbench.sampling import SamplingParams
 from specbench.stopping import StopCriteria
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread (and leave the other core to whoever else is busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
