@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_lossless import (  # noqa: F401 - `targets` and `one_thread` are fixtures used here
+from test_lossless import (  # noqa: F401 - `targets` is a fixture used here
     ARCHS,
     EMPTY,
     PROMPTS,
@@ -23,7 +23,6 @@ from test_lossless import (  # noqa: F401 - `targets` and `one_thread` are fixtu
     exact_first_three,
     long_continuation,
     method_cfg,
-    one_thread,
     prompt_of,
     sample_end_to_end,
     targets,
@@ -41,6 +40,8 @@ from specbench.methods import build_method
 from specbench.methods.eagle import DynamicTreeDrafter, StaticTreeDrafter
 from specbench.methods.medusa import MedusaDrafter
 from specbench.sampling import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = torch.device("cpu")
 
