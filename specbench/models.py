@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 ZOO_PREFIX = "zoo:"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -63,12 +65,36 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def resolve_path(spec: str) -> str:
-    """A hub id or folder as given; `zoo:NAME` is a model of the embedded zoo (built on demand)."""
-    if spec.startswith(ZOO_PREFIX):
-        from specbench.zoo.parts import resolve
+#: `prefix:` -> function turning the rest of the spec into a local path. The zoo registers
+#: `zoo:` (specbench.zoo); installed packages add theirs through the `specbench.resolvers`
+#: entry-point group, found the first time an unknown prefix is asked for.
+RESOLVERS: dict[str, Callable[[str], os.PathLike | str]] = {}
+RESOLVER_GROUP = "specbench.resolvers"
 
-        return str(resolve(spec[len(ZOO_PREFIX) :]))
+
+def register_resolver(prefix: str, resolve: Callable[[str], os.PathLike | str]) -> None:
+    """Make `prefix:NAME` resolve through `resolve(NAME)` wherever a model or data path is read."""
+    RESOLVERS[prefix] = resolve
+
+
+def _resolver(prefix: str) -> Callable[[str], os.PathLike | str] | None:
+    if prefix not in RESOLVERS:
+        for entry in entry_points(group=RESOLVER_GROUP):
+            if entry.name == prefix:
+                RESOLVERS[prefix] = entry.load()
+    return RESOLVERS.get(prefix)
+
+
+def resolve_path(spec: str) -> str:
+    """A hub id or folder as given; `zoo:NAME` is a model of the embedded zoo (built on demand),
+    and any other registered `prefix:NAME` goes through its resolver."""
+    prefix, sep, name = spec.partition(":")
+    if sep and prefix.isidentifier() and not os.path.exists(spec):
+        resolve = _resolver(prefix)
+        if resolve is not None:
+            return str(resolve(name))
+        if prefix == ZOO_PREFIX.rstrip(":"):
+            raise SpecbenchError(f"'{spec}' names the embedded zoo, but specbench.zoo is not installed")
     expanded = os.path.expanduser(spec)
     if expanded.startswith((".", "/", "~")) and not Path(expanded).is_dir():
         raise SpecbenchError(f"model folder '{spec}' does not exist; give an existing folder or a hub id")

@@ -4,12 +4,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from specbench.methods import build_method
+from specbench.core.prompts import prompt_ids
+from specbench.core.sampling import SamplingParams
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import CpuTimer
 from specbench.models import load_model
-from specbench.prompts import prompt_ids
-from specbench.sampling import SamplingParams
-from specbench.stopping import StopCriteria
-from specbench.timing import CpuTimer
+from specbench.run.registry import build_method
 
 PROMPTS = [["the quick brown fox"], ["summarize the passage", "now translate it"], ["tom has 3 boxes"]]
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from helpers import OFFICIAL, REPO, specbench, write_questions
-from specbench.answers import read_answers
+from specbench.core.answers import read_answers
 
 UPSTREAM_KEYS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from helpers import OFFICIAL
-from specbench.data import SUBTASKS, fetch, load_questions, select, sha256_of
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
+from specbench.core.questions import SUBTASKS, fetch, load_questions, select, sha256_of
 
 
 @pytest.mark.skipif(not OFFICIAL.exists(), reason="official question file not present")

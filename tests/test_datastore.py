@@ -9,7 +9,7 @@ import pytest
 
 from helpers import specbench
 from specbench import datastore as ds
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 
 def naive_suffix_array(tokens: np.ndarray) -> list[int]:

@@ -4,8 +4,10 @@ baseline's token for token on a trained model, and the report sees every method.
 import pytest
 from hydra import compose, initialize_config_dir
 
-from specbench import report, runner
-from specbench.config import CONFIG_DIR, options
+from specbench.analysis import report
+from specbench.core.resources import CONFIG_DIR
+from specbench.run import session as runner
+from specbench.run.config import options
 
 METHODS = [m for m in options("method") if m != "baseline"]
 

@@ -9,6 +9,9 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig
 
+from specbench.core.sampling import SamplingParams
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import CpuTimer
 from specbench.engine import (
     AuxBlock,
     DraftContext,
@@ -25,11 +28,8 @@ from specbench.engine import (
     verify_sampled,
 )
 from specbench.engine.target import static_tree_problem
-from specbench.methods import build_method
 from specbench.models import LoadedModel, load_model
-from specbench.sampling import SamplingParams
-from specbench.stopping import StopCriteria
-from specbench.timing import CpuTimer
+from specbench.run.registry import build_method
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams()

@@ -10,8 +10,8 @@ import time
 from test_cli import answers_file, base_args
 
 from helpers import REPO, specbench, write_questions
-from specbench import report
-from specbench.answers import read_answers
+from specbench.analysis import report
+from specbench.core.answers import read_answers
 
 
 def questions_with(path, extra_turns):

@@ -30,16 +30,16 @@ from test_lossless import (  # noqa: F401 - `targets` is a fixture used here
 )
 
 from helpers import specbench
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import SpeculativeMethod
-from specbench.errors import SpecbenchError
 from specbench.heads.eagle import EagleHead, head_config_for, load_eagle, save_eagle
 from specbench.heads.medusa import MedusaHeads, load_medusa, save_medusa
 from specbench.heads.train import collect_features, train_eagle, train_medusa
 from specbench.heads.trees import EAGLE_MC_SIM_7B_63, build_tree
-from specbench.methods import build_method
 from specbench.methods.eagle import DynamicTreeDrafter, StaticTreeDrafter
 from specbench.methods.medusa import MedusaDrafter
-from specbench.sampling import SamplingParams
+from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,17 +19,17 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 from helpers import REPO, specbench, write_questions
-from specbench.answers import read_answers
+from specbench.core.answers import read_answers
+from specbench.core.errors import SpecbenchError
+from specbench.core.prompts import prompt_ids
+from specbench.core.sampling import SamplingParams, probs_from_logits, sample
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import CpuTimer
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, Verdict, verify_sampled
 from specbench.engine import loop as engine_loop
-from specbench.errors import SpecbenchError
-from specbench.methods import build_method
 from specbench.methods.sps import SpsDrafter
 from specbench.models import LoadedModel, load_model
-from specbench.prompts import prompt_ids
-from specbench.sampling import SamplingParams, probs_from_logits, sample
-from specbench.stopping import StopCriteria
-from specbench.timing import CpuTimer
+from specbench.run.registry import build_method
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams()

@@ -4,10 +4,11 @@ import json
 import math
 
 from helpers import specbench
-from specbench import leaderboard, report
-from specbench.answers import AnswerWriter, run_dir, write_meta
-from specbench.check import compare, load_check_config, snapshot
-from specbench.metrics import speedup_rows
+from specbench.analysis import report
+from specbench.analysis.metrics import speedup_rows
+from specbench.core.answers import AnswerWriter, run_dir, write_meta
+from specbench.presentation import leaderboard
+from specbench.presentation.check import compare, load_check_config, snapshot
 
 CATS = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
 

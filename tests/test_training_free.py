@@ -20,15 +20,15 @@ from test_lossless import (
 )
 
 from specbench import datastore as ds
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
+from specbench.core.stopping import StopCriteria
 from specbench.engine import DraftContext, DraftTree, Feedback, SpeculativeMethod, Verdict
-from specbench.errors import SpecbenchError
-from specbench.methods import build_method
 from specbench.methods.lookahead import LookaheadDrafter, NgramPool, merge_trie, window_layout
 from specbench.methods.recycling import RecyclingDrafter, tree_template
 from specbench.methods.self_spec import LayerSkipper, candidate_skip_sets
 from specbench.models import LoadedModel, load_model
-from specbench.sampling import SamplingParams
-from specbench.stopping import StopCriteria
+from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from specbench.answers import AnswerWriter, read_answers
-from specbench.errors import SpecbenchError
-from specbench.prompts import VICUNA_SYSTEM, plain_prompt, vicuna_prompt
-from specbench.sampling import SamplingParams, probs_from_logits
-from specbench.stopping import StopCriteria
-from specbench.timing import CpuTimer, CudaTimer, timer_for
+from specbench.core.answers import AnswerWriter, read_answers
+from specbench.core.errors import SpecbenchError
+from specbench.core.prompts import VICUNA_SYSTEM, plain_prompt, vicuna_prompt
+from specbench.core.sampling import SamplingParams, probs_from_logits
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import CpuTimer, CudaTimer, timer_for
 
 
 def test_greedy_is_one_hot_argmax():

@@ -16,71 +16,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams, next_token
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import Timer
+from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Method, Prefilled
 from specbench.engine.target import TargetScorer, keep_rows
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict, verify
-from specbench.errors import SpecbenchError
-from specbench.methods.base import GenerationResult, Method, Prefilled
 from specbench.models import LoadedModel
-from specbench.sampling import SamplingParams, next_token
-from specbench.stopping import StopCriteria
-from specbench.timing import Timer
-
-
-@dataclass
-class DraftContext:
-    """What a drafter sees when it proposes.
-
-    tokens is the engine's live list of generated tokens (read it, don't change it);
-    tokens[-1] is the root of the tree to propose, not yet in the target's cache. Nodes
-    deeper than max_depth are cut by the engine: they could only be accepted past the stop
-    rule's token budget, so a drafter saves work by not drafting them.
-    """
-
-    input_ids: torch.Tensor  # (1, prompt_len)
-    tokens: list[int]
-    sampling: SamplingParams
-    device: torch.device
-    max_depth: int = 0
-    step: int = 0
-
-
-@dataclass
-class Feedback:
-    """What the engine tells the drafter after a verified step.
-
-    tree: the tree as verified (after depth cuts or the chain fallback); verdict: the
-    accepted path, its tokens and the target's next token (the next root); logits: (n + 1, V)
-    target logits of the root and the nodes (row 0 = root), e.g. for token recycling;
-    hidden_states: the target's per-layer hidden states (1, rows, H) of the whole block when
-    the drafter asked for them (keep `verdict.rows`), e.g. for EAGLE / Medusa heads;
-    aux_logits: logits of the drafter's aux positions (Lookahead / Jacobi).
-    """
-
-    tree: DraftTree
-    verdict: Verdict
-    logits: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    aux_logits: torch.Tensor | None = None
-
-
-class Drafter:
-    """Proposes draft trees; one instance per method, reused across generate calls."""
-
-    #: ask the engine for the target's hidden states (prefill: `state.extra["hidden_states"]`)
-    needs_hidden_states: bool = False
-
-    def reset(self) -> None:
-        """Forget state carried across calls (start of every run)."""
-
-    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
-        """A generate call starts: the target has prefilled the prompt and chose state.tokens[0]."""
-
-    def propose(self, ctx: DraftContext) -> DraftTree:
-        raise NotImplementedError
-
-    def accepted(self, feedback: Feedback) -> None:
-        """The step was verified (not called after the step that ends generation)."""
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.core.sampling import SamplingParams, probs_from_logits, sample
 from specbench.engine.tree import DraftTree
-from specbench.sampling import SamplingParams, probs_from_logits, sample
 
 
 @dataclass

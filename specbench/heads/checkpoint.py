@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 #: Medusa's `mc_sim_7b_63` (Medusa repository, medusa_choices.py): 63 nodes, depth 4, in the
 #: order of their estimated acceptance, so every prefix of the list is itself a tree.

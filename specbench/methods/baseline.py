@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from specbench.methods.base import GenerationResult, Method, Prefilled
-from specbench.sampling import SamplingParams, next_token
-from specbench.stopping import StopCriteria
-from specbench.timing import Timer
+from specbench.core.sampling import SamplingParams, next_token
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import Timer
+from specbench.engine.api import GenerationResult, Method, Prefilled
 
 
 def top2_margin(logits: torch.Tensor) -> float:

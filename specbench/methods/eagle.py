@@ -23,14 +23,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, layout_of
-from specbench.errors import SpecbenchError
+from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.eagle import EagleHead, load_eagle
 from specbench.heads.trees import StaticTree
-from specbench.methods.base import Prefilled
 from specbench.methods.medusa import target_dims, tree_from_cfg
-from specbench.sampling import SamplingParams
 
 
 class EagleDrafter(Drafter):

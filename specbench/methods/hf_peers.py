@@ -22,13 +22,13 @@ from omegaconf import DictConfig
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from specbench.errors import SpecbenchError
-from specbench.methods.base import GenerationResult, Method, Prefilled
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import Timer
+from specbench.engine.api import GenerationResult, Method, Prefilled
 from specbench.methods.sps import SCHEDULES, load_draft
 from specbench.models import LoadedModel
-from specbench.sampling import SamplingParams
-from specbench.stopping import StopCriteria
-from specbench.timing import Timer
 
 
 class _StepRecorder(BaseStreamer):

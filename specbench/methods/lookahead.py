@@ -21,10 +21,10 @@ from functools import lru_cache
 
 import torch
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import AuxBlock, DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
-from specbench.errors import SpecbenchError
-from specbench.methods.base import Prefilled
-from specbench.sampling import SamplingParams
+from specbench.engine.api import Prefilled
 
 
 @lru_cache(maxsize=64)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
-from specbench.errors import SpecbenchError
+from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.medusa import MedusaHeads, load_medusa
 from specbench.heads.trees import StaticTree, build_tree
-from specbench.methods.base import Prefilled
-from specbench.sampling import SamplingParams
 
 
 def tree_from_cfg(cfg: DictConfig, default: str) -> StaticTree:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
-from specbench.errors import SpecbenchError
-from specbench.methods.base import Prefilled
-from specbench.sampling import SamplingParams
+from specbench.engine.api import Prefilled
 
 MATCHES = ("first", "last")
 

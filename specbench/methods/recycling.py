@@ -14,10 +14,10 @@ import heapq
 
 import torch
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
-from specbench.errors import SpecbenchError
-from specbench.methods.base import Prefilled
-from specbench.sampling import SamplingParams
+from specbench.engine.api import Prefilled
 
 
 def tree_template(size: int, max_depth: int, k: int, decay: float = 0.5, first: float = 0.6

@@ -8,60 +8,23 @@ by the shared engine (deterministic candidates, lossless under sampling too).
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from specbench import datastore as ds
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
-from specbench.errors import SpecbenchError
-from specbench.methods.base import Prefilled
-from specbench.sampling import SamplingParams
-
-ZOO_DATASTORE = "zoo:datastore"
-
-
-def zoo_datastore() -> Path:
-    """The zoo's datastore: `<zoo>/datastore` when the zoo build made one, else built once
-    from the zoo's training corpus into `<zoo>.datastore` next to it (a few seconds)."""
-    from specbench import zoo
-    from specbench.zoo import data as zoo_data
-    from specbench.zoo.store import load_zoo_config
-
-    folder = zoo.ensure_zoo()
-    inside = folder / "datastore"
-    if (inside / ds.MANIFEST_FILE).is_file():
-        return inside
-    beside = folder.with_name(folder.name + ".datastore")
-    if (beside / ds.MANIFEST_FILE).is_file():
-        return beside
-    with open(folder.with_name(folder.name + ".datastore.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs starting at once build it once
-        if not (beside / ds.MANIFEST_FILE).is_file():
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(folder / "target")
-            build_corpus_datastore(tokenizer, zoo_data.conversations(load_zoo_config(), "train"), beside,
-                                   f"zoo {folder.name} training corpus")
-    return beside
-
-
-def build_corpus_datastore(tokenizer: Any, items: list[dict], out: Path, source: str) -> Path:
-    """A datastore of synthetic-corpus conversations rendered with the chat template (the zoo's stage)."""
-    from specbench.zoo import data as zoo_data
-
-    return ds.build(zoo_data.encode_items(tokenizer, items), tokenizer, out, source=source, progress=True)
+from specbench.engine.api import Prefilled
+from specbench.models import resolve_path
 
 
 def resolve_datastore(spec: str | None) -> Path:
     if not spec:
         raise SpecbenchError("method rest needs a datastore: build one with `python -m specbench datastore build "
                              "--corpus FILE --model MODEL --out DIR` and set method.datastore=DIR")
-    if str(spec) == ZOO_DATASTORE:
-        return zoo_datastore()
-    return Path(str(spec)).expanduser()
+    return Path(resolve_path(str(spec)))
 
 
 class RestDrafter(Drafter):

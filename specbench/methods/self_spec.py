@@ -25,14 +25,16 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
-from specbench.errors import SpecbenchError
-from specbench.methods.base import Prefilled
-from specbench.models import LoadedModel
-from specbench.sampling import SamplingParams
+from specbench.engine.api import Prefilled
+from specbench.models import LoadedModel, resolve_path
 
 CACHE_ENV = "SPECBENCH_CACHE_DIR"
 SEARCH_VERSION = 1
+#: Calibration conversations of the auto search: synthetic chats the zoo package writes (no zoo build needed).
+DEFAULT_CALIBRATION = "zoo:calibration"
 _EMPTY_CFG = OmegaConf.create({})
 
 
@@ -161,27 +163,30 @@ def candidate_skip_sets(n_layers: int) -> list[list[int]]:
     return out
 
 
-def calibration_prompts(target: LoadedModel, n: int) -> list[torch.Tensor]:
-    """First user turns of a few synthetic conversations (a seed of their own), with the chat template."""
-    from specbench import synth
-    from specbench.prompts import prompt_ids
+def calibration_prompts(target: LoadedModel, n: int, source: str = DEFAULT_CALIBRATION) -> list[torch.Tensor]:
+    """First user turns of the first `n` conversations of a calibration file (JSONL with `turns`,
+    a path or a registered `prefix:NAME`, by default a few synthetic conversations of a seed of
+    their own), with the chat template."""
+    from specbench.core.prompts import prompt_ids
+    from specbench.core.questions import load_questions
 
     template = "chat_template" if getattr(target.tokenizer, "chat_template", None) else "plain"
-    items = list(synth.make_corpus(n, seed=977))
-    return [torch.tensor([prompt_ids(template, target.tokenizer, it["turns"][:1], [])]) for it in items]
+    items = load_questions(resolve_path(source))[:n]
+    return [torch.tensor([prompt_ids(template, target.tokenizer, it.turns[:1], [])]) for it in items]
 
 
 def search_skip_set(target: LoadedModel, n_prompts: int = 3, max_new_tokens: int = 48,
-                    candidates: list[list[int]] | None = None, **drafter_kwargs: Any) -> dict[str, Any]:
+                    candidates: list[list[int]] | None = None, calibration: str = DEFAULT_CALIBRATION,
+                    **drafter_kwargs: Any) -> dict[str, Any]:
     """Score each candidate set on calibration prompts; returns {"best": [...], "scores": [...]}."""
-    from specbench.stopping import StopCriteria
-    from specbench.timing import CpuTimer
+    from specbench.core.stopping import StopCriteria
+    from specbench.core.timing import CpuTimer
 
     n_layers = len(decoder_parts(target.model)[1])
     candidates = candidates or candidate_skip_sets(n_layers)
     if not candidates:
         raise SpecbenchError(f"self_spec cannot skip layers of a {n_layers}-layer model")
-    prompts = calibration_prompts(target, n_prompts)
+    prompts = calibration_prompts(target, n_prompts, calibration)
     stop = StopCriteria.build(target.eos_ids, max_new_tokens)
     greedy = SamplingParams()
     scores = []
@@ -213,16 +218,19 @@ def _cache_key(target: LoadedModel, settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts: int, max_new_tokens: int
-                  ) -> list[int]:
+def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts: int, max_new_tokens: int,
+                  calibration: str = DEFAULT_CALIBRATION) -> list[int]:
     """The searched skip set for this model, from the cache or searched now (and cached)."""
-    key = _cache_key(target, {"prompts": n_prompts, "max_new": max_new_tokens, **drafter_kwargs})
+    settings = {"prompts": n_prompts, "max_new": max_new_tokens, **drafter_kwargs}
+    if calibration != DEFAULT_CALIBRATION:
+        settings["calibration"] = calibration
+    key = _cache_key(target, settings)
     path = cache_dir() / f"{key}.json"
     try:
         return [int(i) for i in json.loads(path.read_text())["best"]]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    found = search_skip_set(target, n_prompts, max_new_tokens, **drafter_kwargs)
+    found = search_skip_set(target, n_prompts, max_new_tokens, calibration=calibration, **drafter_kwargs)
     found["model"] = target.path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -246,7 +254,8 @@ class SelfSpec(SpeculativeMethod):
         if skip is None or str(skip) == "auto":
             with torch.inference_mode():
                 skip = auto_skip_set(self.target, kwargs, int(self.cfg.get("search_prompts", 3)),
-                                     int(self.cfg.get("search_max_new_tokens", 48)))
+                                     int(self.cfg.get("search_max_new_tokens", 48)),
+                                     str(self.cfg.get("calibration", DEFAULT_CALIBRATION)))
         elif isinstance(skip, str) or not all(isinstance(i, int) for i in skip):
             raise SpecbenchError(f"self_spec skip_layers must be 'auto' or a list of layer indices, got {skip!r}")
         self.skip_layers = [int(i) for i in skip]

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams, probs_from_logits, sample
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
-from specbench.errors import SpecbenchError
-from specbench.methods.base import Prefilled
+from specbench.engine.api import Prefilled
 from specbench.models import LoadedModel, load_model
-from specbench.sampling import SamplingParams, probs_from_logits, sample
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 

@@ -9,7 +9,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 from specbench.zoo import store
 
 

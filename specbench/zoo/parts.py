@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -92,7 +93,52 @@ def resolve(name: str) -> Path:
     if name in HEADS:
         return ensure_heads() / name
     if name == "datastore":
-        from specbench.methods.rest import zoo_datastore
-
         return zoo_datastore()
+    if name == "calibration":
+        return calibration_file()
     return ensure_zoo() / name
+
+
+def zoo_datastore() -> Path:
+    """The zoo's datastore: `<zoo>/datastore` when the zoo build made one, else built once
+    from the zoo's training corpus into `<zoo>.datastore` next to it (a few seconds)."""
+    from specbench import datastore as ds
+    from specbench.zoo import data as zoo_data
+
+    folder = ensure_zoo()
+    inside = folder / "datastore"
+    if (inside / ds.MANIFEST_FILE).is_file():
+        return inside
+    beside = folder.with_name(folder.name + ".datastore")
+    if (beside / ds.MANIFEST_FILE).is_file():
+        return beside
+    with open(folder.with_name(folder.name + ".datastore.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs starting at once build it once
+        if not (beside / ds.MANIFEST_FILE).is_file():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(folder / "target")
+            build_corpus_datastore(tokenizer, zoo_data.conversations(load_zoo_config(), "train"), beside,
+                                   f"zoo {folder.name} training corpus")
+    return beside
+
+
+def build_corpus_datastore(tokenizer: Any, items: list[dict], out: Path, source: str) -> Path:
+    """A datastore of synthetic-corpus conversations rendered with the chat template (the zoo's stage)."""
+    from specbench import datastore as ds
+    from specbench.zoo import data as zoo_data
+
+    return ds.build(zoo_data.encode_items(tokenizer, items), tokenizer, out, source=source, progress=True)
+
+
+def calibration_file(n: int = 16, seed: int = 977) -> Path:
+    """Synthetic conversations (a seed of their own, not benchmark questions) as a question file,
+    for calibrating searches such as self_spec's skip set; written once, no zoo build needed."""
+    from specbench import synth
+    from specbench.core.questions import questions_jsonl, write_atomic
+    from specbench.zoo.store import zoo_root
+
+    path = zoo_root() / f"calibration-{synth.GENERATOR_VERSION}-{seed}-{n}.jsonl"
+    if not path.is_file():
+        write_atomic(path, questions_jsonl(synth.make_corpus(n, seed=seed)))
+    return path

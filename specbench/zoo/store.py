@@ -21,12 +21,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
+from specbench.core.resources import CONFIG_DIR
 
 #: Bump when a change of the zoo code changes what a build produces.
 ZOO_CODE_VERSION = "zoo-1"
 ENV_VAR = "SPECBENCH_ZOO_DIR"
-CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "zoo.yaml"
+CONFIG_PATH = CONFIG_DIR / "zoo.yaml"
 COMPLETE = "COMPLETE"
 #: Measured on the 2-core CPU machine the zoo is sized for.
 BUILD_TIME = "15 to 30 minutes on 2 CPU cores"

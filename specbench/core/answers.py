@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonlines
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 ANSWERS = "answers.jsonl"
 ERRORS = "errors.jsonl"  # questions that failed (reason per row); kept apart so answers stay upstream-readable

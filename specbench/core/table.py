@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specbench.data import SUBTASK_TITLES
+from specbench.core.questions import SUBTASK_TITLES
 
 
 def markdown(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specbench import report
-from specbench.errors import SpecbenchError
-from specbench.table import markdown
+from specbench.analysis import report
+from specbench.core.errors import SpecbenchError
+from specbench.core.table import markdown
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 

@@ -1,29 +1,25 @@
-"""The runner: questions -> prompts -> method (timed) -> answer files -> summary.
+"""The session: questions -> prompts -> method (timed) -> answer files.
 
-It owns timing and I/O; methods only compute. Re-running the same command resumes.
+It owns timing and I/O; methods only compute. Re-running the same command resumes. The
+summary printed after a run comes from `specbench.analysis` (the cli asks for it).
 """
 
 from __future__ import annotations
 
-import hashlib
-import platform
+import importlib
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specbench import data, metrics, table
-from specbench.answers import (
+from specbench.core import questions as data
+from specbench.core.answers import (
     ANSWERS,
     ERRORS,
     EXTRA_KEY,
@@ -35,24 +31,28 @@ from specbench.answers import (
     run_dir,
     write_meta,
 )
-from specbench.config import CONFIG_DIR, check_values, selected_subtasks
-from specbench.errors import SpecbenchError
-from specbench.methods import Method, build_method
-from specbench.models import LoadedModel, load_model, resolve_device, resolve_dtype
-from specbench.prompts import prompt_ids
-from specbench.sampling import SamplingParams
-from specbench.stopping import StopCriteria
-from specbench.timing import Timer, timer_for
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from specbench.core.errors import SpecbenchError
+from specbench.core.prompts import prompt_ids
+from specbench.core.resources import CONFIG_DIR
+from specbench.core.sampling import SamplingParams
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import Timer, timer_for
+from specbench.engine.api import Method
+from specbench.models import load_model, resolve_device, resolve_dtype
+from specbench.run.config import check_values, selected_subtasks
+from specbench.run.interrupts import interrupt_flag
+from specbench.run.provenance import environment, identity, weights_fingerprint
+from specbench.run.registry import build_method
+from specbench.run.shards import shard, shard_dir
 
 
 def load_dataset(dataset_cfg: DictConfig) -> list[data.Question]:
+    """The dataset's questions. A generated dataset (`generator: module:function` in its config,
+    called with the seed, returning question dicts) is written to its path first, but never over
+    a different file already there: that is somebody's own question file."""
     path = Path(dataset_cfg.path)
-    if dataset_cfg.name == "synthetic":
-        from specbench import synth
-
-        synth.write_questions(path, seed=int(dataset_cfg.seed))
+    if dataset_cfg.get("generator"):
+        write_generated(dataset_cfg, path)
     elif not path.is_file():
         raise SpecbenchError(
             f"question file {path} not found; run `python -m specbench data fetch` (or `make data`) to download it"
@@ -60,86 +60,23 @@ def load_dataset(dataset_cfg: DictConfig) -> list[data.Question]:
     return data.load_questions(path)
 
 
-def git_commit() -> str | None:
+def write_generated(dataset_cfg: DictConfig, path: Path) -> None:
+    module, _, function = str(dataset_cfg.generator).partition(":")
     try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
-            capture_output=True, text=True, timeout=10, check=True,
+        generate = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        raise SpecbenchError(f"dataset {dataset_cfg.name}: generator '{dataset_cfg.generator}' cannot be imported; "
+                             "write it as module:function") from None
+    text = data.questions_jsonl(generate(int(dataset_cfg.seed)))
+    if path.is_file():
+        if path.read_bytes() == text.encode("utf-8"):
+            return
+        raise SpecbenchError(
+            f"{path} exists and is not the {dataset_cfg.name} set of seed {dataset_cfg.seed}; to run that file use "
+            f"dataset=spec_bench dataset.path={path}, to regenerate the {dataset_cfg.name} set remove it or choose "
+            "another dataset.path=..."
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def environment(target: LoadedModel) -> dict[str, Any]:
-    device = target.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
-    return {
-        "git_commit": git_commit(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": str(device),
-        "device_name": name,
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-    }
-
-
-def weights_fingerprint(folder: str) -> str | None:
-    """Short SHA-256 of a local model's safetensors files: answers (and check references) made
-    with other weights under the same name are told apart."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(data.sha256_of(file).encode())
-    return digest.hexdigest()[:16]
-
-
-def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """What must not change between a run and its resumption."""
-    return {
-        "dataset": cfg.dataset.name,
-        "model": cfg.model.path,
-        "template": cfg.model.template,
-        "method": OmegaConf.to_container(method_cfg, resolve=True),
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "max_new_tokens": cfg.max_new_tokens,
-        "seed": cfg.seed,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
-
-
-def parse_shard(spec: str | None) -> tuple[int, int] | None:
-    """`i/n` (1 <= i <= n) -> (i, n)."""
-    if spec in (None, ""):
-        return None
-    try:
-        i, n = (int(x) for x in str(spec).split("/"))
-    except ValueError:
-        i = n = 0
-    if not 1 <= i <= n:
-        raise SpecbenchError(f"shard must look like i/n with 1 <= i <= n (e.g. shard=1/4), got {spec!r}")
-    return i, n
-
-
-def shard(questions: list[data.Question], spec: str | None) -> list[data.Question]:
-    """Every n-th question starting at the i-th: deterministic, and balanced across subtasks."""
-    parsed = parse_shard(spec)
-    if parsed is None:
-        return questions
-    i, n = parsed
-    return questions[i - 1 :: n]
-
-
-def shard_dir(spec: str) -> str:
-    i, n = parse_shard(spec)  # type: ignore[misc]
-    return f"shard-{i}-of-{n}"
+    data.write_atomic(path, text)
 
 
 def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:
@@ -158,33 +95,6 @@ def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:
         raise SpecbenchError(
             f"only {free >> 20} MiB free under {folder}; free some space or choose another output_dir=..."
         )
-
-
-_previous_handler: Any = None
-
-
-def install_interrupt_flag() -> Any:
-    """Ctrl-C during a run finishes the question in flight, then stops cleanly (a second
-    Ctrl-C stops at once). Returns a function telling whether Ctrl-C was pressed."""
-    global _previous_handler
-    pressed = [False]
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: False
-
-    def handler(signum: int, frame: Any) -> None:
-        if pressed[0]:
-            raise KeyboardInterrupt
-        pressed[0] = True
-
-    _previous_handler = signal.signal(signal.SIGINT, handler)
-    return lambda: pressed[0]
-
-
-def restore_interrupt() -> None:
-    global _previous_handler
-    if _previous_handler is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _previous_handler)
-        _previous_handler = None
 
 
 def write_or_explain(writer: AnswerWriter, record: dict[str, Any]) -> None:
@@ -284,9 +194,8 @@ class Session:
         written = failed = 0
         tokens = seconds = 0.0
         bar = tqdm(todo, desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
-        interrupted = install_interrupt_flag()
         try:
-            with AnswerWriter(folder / ANSWERS) as writer:
+            with interrupt_flag() as interrupted, AnswerWriter(folder / ANSWERS) as writer:
                 for question in bar:
                     if interrupted():
                         raise KeyboardInterrupt
@@ -310,8 +219,6 @@ class Session:
             print(f"\n{label}: interrupted after {written} of {len(todo)} questions; the answers so far are saved "
                   f"in {folder}; run the same command again to resume", file=sys.stderr)
             raise
-        finally:
-            restore_interrupt()
         if failed:
             print(f"{label}: {failed} question(s) failed, listed in {folder / ERRORS}", file=sys.stderr)
 
@@ -373,21 +280,8 @@ class Session:
                 text = text[: text.index(stop)]
         return text.strip()
 
-    def summary(self, method_name: str) -> list[dict[str, Any]] | None:
-        """Speedup rows against the baseline, averaged over runs; None without baseline answers."""
-        per_run = []
-        for run in range(1, int(self.cfg.runs) + 1):
-            ours = read_answers(self.run_dir(method_name, run) / ANSWERS)
-            base = read_answers(self.run_dir("baseline", run) / ANSWERS)
-            wanted = {q.question_id for q in self.questions}
-            ours = [r for r in ours if r["question_id"] in wanted]
-            base = [r for r in base if r["question_id"] in wanted]
-            if ours and base:
-                per_run.append(metrics.speedup_rows(ours, base))
-        return metrics.average_runs(per_run) if per_run else None
 
-
-def run(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> Session:
     """`python -m specbench run`: the baseline first (unless baseline=false), then the method."""
     session = Session(cfg)
     plan = [cfg.method]
@@ -395,9 +289,4 @@ def run(cfg: DictConfig) -> None:
         plan.insert(0, OmegaConf.load(CONFIG_DIR / "method" / "baseline.yaml"))
     for method_cfg in plan:
         session.run_method(method_cfg)
-    rows = session.summary(cfg.method.name)
-    header = f"{cfg.method.name} vs baseline | {cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
-    if rows is None:
-        print(f"{header}: no baseline answers to compare with (run with baseline=true)")
-        return
-    print(table.speedup_table(rows, title=header, runs=int(cfg.runs)))
+    return session

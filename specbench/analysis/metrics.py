@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from specbench.data import SUBTASKS, subtask_of
+from specbench.core.questions import SUBTASKS, subtask_of
 
 
 def tokens_per_second(record: dict[str, Any]) -> float:

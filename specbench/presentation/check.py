@@ -16,11 +16,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench import report
-from specbench.config import CONFIG_DIR
-from specbench.data import SUBTASKS
-from specbench.errors import SpecbenchError
-from specbench.table import markdown
+from specbench.analysis import report
+from specbench.core.errors import SpecbenchError
+from specbench.core.questions import SUBTASKS
+from specbench.core.resources import CONFIG_DIR
+from specbench.core.table import markdown
 
 ORDER = [*SUBTASKS, "overall"]
 
@@ -93,7 +93,7 @@ def run_quick(cfg: DictConfig, out_dir: Path) -> None:
     """Run the quick methods on the embedded default into `out_dir`."""
     from hydra import compose, initialize_config_dir
 
-    from specbench import runner
+    from specbench.run import session as runner
 
     for method in cfg.quick.methods:
         overrides = [f"method={method}", f"output_dir={out_dir}", *cfg.quick.overrides]

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from specbench.data import SUBTASK_TITLES, SUBTASKS  # noqa: E402
-from specbench.report import BASELINE, Group, MethodResult  # noqa: E402
+from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
+from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 
 # matplotlib's tab20: one distinct colour for each of the 16 methods we ship, then by hash
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

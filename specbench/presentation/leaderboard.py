@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from specbench.data import SUBTASK_TITLES, SUBTASKS
-from specbench.report import BASELINE, Group, MethodResult
-from specbench.table import markdown
+from specbench.analysis.report import BASELINE, Group, MethodResult
+from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
+from specbench.core.table import markdown
 
 DEFINITIONS = (
     "Speedup: mean per-question tokens/s of the method divided by the baseline's on the same questions "
@@ -168,7 +168,7 @@ def build(
     upstream_tokenizer: Any = None, figures: bool = True,
 ) -> tuple[list[Group], list[Path]]:
     """Analyse every group under `results_dir`, write tables (and figures) to `out_dir`."""
-    from specbench import report
+    from specbench.analysis import report
 
     groups = [report.analyse(g, tie_margin=tie_margin, upstream_tokenizer=upstream_tokenizer)
               for g in report.group_runs(report.load_runs(results_dir, upstream_model))]
@@ -182,7 +182,7 @@ def build(
 
 
 def _figures(groups: list[Group], out_dir: Path) -> list[Path]:
-    from specbench import figures
+    from specbench.presentation import figures
 
     written: list[Path] = []
     by_model: dict[tuple[str, str], list[Group]] = {}

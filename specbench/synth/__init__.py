@@ -26,10 +26,11 @@ import json
 import os
 import pathlib
 import random
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from specbench.core.questions import questions_jsonl, write_atomic
 
 __all__ = [
     "CATEGORIES",
@@ -2045,20 +2046,7 @@ def make_questions(seed: int = 0) -> list[dict]:
 
 def write_questions(path: str | os.PathLike, seed: int = 0) -> pathlib.Path:
     """Write make_questions(seed) as JSONL (UTF-8, '\\n' endings) atomically; return the path."""
-    target = pathlib.Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in make_questions(seed))
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8"))
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
+    return write_atomic(path, questions_jsonl(make_questions(seed)))
 
 
 def conversation_messages(item: dict) -> list[dict]:

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 USAGE = """usage: python -m specbench [hydra flags] <command> [args]
 
@@ -35,7 +35,7 @@ def _fail(exc: BaseException) -> int:
 
 
 def _run(args: list[str]) -> int:
-    from specbench.config import check_compose, check_overrides
+    from specbench.run.config import check_compose, check_overrides
 
     check_overrides(args)
     if not {"-m", "--multirun"} & set(args):
@@ -43,14 +43,15 @@ def _run(args: list[str]) -> int:
     import hydra
     from omegaconf import DictConfig
 
-    from specbench.config import CONFIG_DIR
+    from specbench.core.resources import CONFIG_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:
-        from specbench import runner
+        from specbench.analysis.summary import run_summary
+        from specbench.run import session
 
         try:
-            runner.run(cfg)
+            print(run_summary(session.run(cfg)))
         except SpecbenchError as exc:
             if os.environ.get("SPECBENCH_VERBOSE"):
                 raise
@@ -72,10 +73,10 @@ def _data(args: list[str]) -> int:
     opts = parser.parse_args(args)
     from omegaconf import OmegaConf
 
-    from specbench.config import CONFIG_DIR
+    from specbench.core.resources import CONFIG_DIR
 
     if opts.action == "fetch":
-        from specbench.data import fetch
+        from specbench.core.questions import fetch
 
         ds = OmegaConf.load(CONFIG_DIR / "dataset" / "spec_bench.yaml")
         path = fetch(ds.url, opts.dest or ds.path, ds.sha256)
@@ -104,7 +105,7 @@ def _report(args: list[str]) -> int:
     opts = parser.parse_args(args)
     from pathlib import Path
 
-    from specbench import leaderboard
+    from specbench.presentation import leaderboard
 
     tokenizer = None
     if opts.upstream_count:
@@ -129,13 +130,13 @@ def _report(args: list[str]) -> int:
 
 
 def _check(args: list[str]) -> int:
-    from specbench.check import check_main
+    from specbench.presentation.check import check_main
 
     return check_main(args)
 
 
 def _recommend(args: list[str]) -> int:
-    from specbench.recommend import recommend_main
+    from specbench.presentation.recommend import recommend_main
 
     return recommend_main(args)
 
@@ -166,7 +167,7 @@ def _datastore(args: list[str]) -> int:
 
 
 def _train_head(args: list[str]) -> int:
-    from specbench.heads.cli import train_head_main
+    from specbench.cli.train_head import train_head_main
 
     return train_head_main(args)
 

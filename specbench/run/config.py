@@ -6,14 +6,12 @@ list what is available, and checks values Hydra cannot (ranges, choices).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.data import SUBTASKS
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
+from specbench.core.questions import SUBTASKS
+from specbench.core.resources import CONFIG_DIR
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("model", "method", "task", "dataset", "sweep")
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 FORMAT = "specbench-datastore"
 VERSION = 1

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from specbench import metrics
-from specbench.answers import ANSWERS, ERRORS, EXTRA_KEY, META, read_answers, read_meta
-from specbench.data import SUBTASKS, subtask_of
-from specbench.errors import SpecbenchError
+from specbench.analysis import metrics
+from specbench.core.answers import ANSWERS, ERRORS, EXTRA_KEY, META, read_answers, read_meta
+from specbench.core.errors import SpecbenchError
+from specbench.core.questions import SUBTASKS, subtask_of
 
 BASELINE = "baseline"
 UPSTREAM_BASELINES = ("vanilla", "baseline")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "

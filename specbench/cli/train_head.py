@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from specbench.errors import SpecbenchError
+from specbench.core.errors import SpecbenchError
 
 USAGE = "python -m specbench train-head method=medusa|eagle model=NAME [model.path=...] [out=DIR] [key=value ...]"
 KEYS = {"method", "model", "out", "corpus", "tokens", "steps", "lr", "seed", "threads", "device", "heads", "layers",
@@ -108,7 +108,7 @@ def pack_rows(docs: list[list[int]], seq_len: int, pad_id: int) -> tuple[torch.T
 
 def train_head_main(args: list[str]) -> int:
     """The body of `python -m specbench train-head`; returns the exit status."""
-    from specbench.config import CONFIG_DIR
+    from specbench.core.resources import CONFIG_DIR
     from specbench.heads import train as headtrain
     from specbench.heads.eagle import save_eagle
     from specbench.heads.medusa import save_medusa

@@ -1,0 +1,1 @@
+"""Reading answer files back into numbers: runs, metrics, audits."""

@@ -1,0 +1,1 @@
+"""Shared basics: errors, sampling, stopping, timing, the question and answer formats, prompts."""

@@ -1,0 +1,169 @@
+"""The interface every decoding method fills in.
+
+A method is split the way the runner times it: `prefill` runs the target over the prompt
+and picks the first new token (time to first token), `decode` produces the rest. Methods
+never read clocks and never write files: the runner owns timing and I/O. They may open
+named sections on the timer they are given (`with timer.section("draft"): ...`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams, next_token
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import Timer
+from specbench.engine.tree import DraftTree
+from specbench.engine.verifier import Verdict
+from specbench.models import LoadedModel
+
+
+@dataclass
+class Prefilled:
+    """State after the prompt: the prompt ids, the first new token, the target's KV cache."""
+
+    input_ids: torch.Tensor  # (1, prompt_len)
+    tokens: list[int]  # generated so far (the first token)
+    cache: Any = None
+    logits: torch.Tensor | None = None  # (1, vocab) logits that produced tokens[-1]
+    extra: dict[str, Any] = field(default_factory=dict)  # method-specific state (hidden states...)
+
+
+@dataclass
+class GenerationResult:
+    """What decode returns.
+
+    tokens: every new token id, the first one included, truncated at the stop rule (an EOS
+    that stopped generation is kept). accept_lengths: one entry per target forward after the
+    prefill, the tokens that step emitted (bonus token included): all 1 for autoregressive
+    decoding. So `len(tokens) == 1 + sum(accept_lengths)`. stats: per-call extras for the
+    answer file (draft lengths, per-position acceptance, ...).
+    """
+
+    tokens: list[int]
+    accept_lengths: list[int]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+#: Keys every method config has besides its settings: they name, build and describe the method.
+COMMON_KEYS = ("name", "impl", "facts", "suites")
+
+
+@dataclass
+class NoSettings:
+    """A method without settings of its own."""
+
+
+def parse_settings(schema: type, cfg: DictConfig | None, method: str = "") -> Any:
+    """The method config's settings (every key but COMMON_KEYS) as an instance of the `schema`
+    dataclass: types checked, unknown and missing keys refused, each with a one-line error."""
+    values = {k: v for k, v in (OmegaConf.to_container(cfg, resolve=True) if cfg is not None else {}).items()
+              if k not in COMMON_KEYS and k != "defaults"}
+    known = [f.name for f in fields(schema)]
+    label = f"method '{method}'" if method else schema.__name__
+    for key in values:
+        if key not in known:
+            raise SpecbenchError(f"{label} has no setting '{key}'; its settings: {', '.join(known) or 'none'}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as exc:
+        detail = str(exc).strip().splitlines()[0]
+        raise SpecbenchError(f"{label}: bad setting: {detail} (fix it in the method's YAML or override)") from None
+
+
+class Method:
+    """Base class: holds the target, prefills with the target alone."""
+
+    #: whether prefill and decode are separate calls (False for wrappers of model.generate)
+    splits_prefill: bool = True
+    #: the dataclass of the method's settings (types and meaning; the method's YAML gives the values)
+    Settings: type = NoSettings
+
+    def __init__(self, target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig) -> None:
+        self.target = target
+        self.cfg = cfg  # the method's config group
+        self.model_cfg = model_cfg  # the model's config group (draft path, template, ...)
+        self.settings = parse_settings(self.Settings, cfg, str(cfg.get("name", "")) if cfg is not None else "")
+
+    def extra_parameters(self) -> int:
+        """Parameters the method adds to the target (draft model, heads), counted from the
+        loaded modules; 0 for training-free methods."""
+        return 0
+
+    def reset(self) -> None:
+        """Forget state carried across questions (called at the start of every run)."""
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:
+        cache = self.target.new_cache()
+        out = self.target.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]
+        first = int(next_token(logits, sampling)[0])
+        return Prefilled(input_ids=input_ids, tokens=[first], cache=cache, logits=logits)
+
+    def decode(
+        self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
+    ) -> GenerationResult:
+        raise NotImplementedError
+
+
+@dataclass
+class DraftContext:
+    """What a drafter sees when it proposes.
+
+    tokens is the engine's live list of generated tokens (read it, don't change it);
+    tokens[-1] is the root of the tree to propose, not yet in the target's cache. Nodes
+    deeper than max_depth are cut by the engine: they could only be accepted past the stop
+    rule's token budget, so a drafter saves work by not drafting them.
+    """
+
+    input_ids: torch.Tensor  # (1, prompt_len)
+    tokens: list[int]
+    sampling: SamplingParams
+    device: torch.device
+    max_depth: int = 0
+    step: int = 0
+
+
+@dataclass
+class Feedback:
+    """What the engine tells the drafter after a verified step.
+
+    tree: the tree as verified (after depth cuts or the chain fallback); verdict: the
+    accepted path, its tokens and the target's next token (the next root); logits: (n + 1, V)
+    target logits of the root and the nodes (row 0 = root), e.g. for token recycling;
+    hidden_states: the target's per-layer hidden states (1, rows, H) of the whole block when
+    the drafter asked for them (keep `verdict.rows`), e.g. for EAGLE / Medusa heads;
+    aux_logits: logits of the drafter's aux positions (Lookahead / Jacobi).
+    """
+
+    tree: DraftTree
+    verdict: Verdict
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    aux_logits: torch.Tensor | None = None
+
+
+class Drafter:
+    """Proposes draft trees; one instance per method, reused across generate calls."""
+
+    #: ask the engine for the target's hidden states (prefill: `state.extra["hidden_states"]`)
+    needs_hidden_states: bool = False
+
+    def reset(self) -> None:
+        """Forget state carried across calls (start of every run)."""
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        """A generate call starts: the target has prefilled the prompt and chose state.tokens[0]."""
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        raise NotImplementedError
+
+    def accepted(self, feedback: Feedback) -> None:
+        """The step was verified (not called after the step that ends generation)."""

@@ -1,0 +1,1 @@
+"""What people read: leaderboard tables, figures, the regression check, recommendations."""

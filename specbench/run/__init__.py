@@ -1,0 +1,1 @@
+"""Running a benchmark: config checks, the method registry, the session that times and records."""
