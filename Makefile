@@ -8,8 +8,10 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-# The methods of the main job and the leaderboard (Hydra multirun; the baseline runs first).
-METHODS ?= baseline,sps,sps_plain,pld,hf_assisted,hf_pld,eagle,eagle2,medusa,lookahead,lookahead_cpu,jacobi,rest,recycling,self_spec
+# The methods of the main job and the leaderboard (Hydra multirun; the baseline runs first): empty
+# means the registry's `bench` suite (`specbench methods --names --suite bench`: the built-ins and
+# your methods/ folder), asked when the recipe runs; `make bench METHODS=baseline,sps` picks some.
+METHODS ?=
 BENCH_ARGS ?= task=all limit=10
 # results/leaderboard holds what `report` writes; results/answers (git-ignored) the answer files.
 
@@ -25,7 +27,8 @@ install: $(STAMP)
 
 bench: install  ## the main job: every method on all 480 synthetic questions with the tiny zoo, then the table
 	$(PY) -m specbench zoo build
-	$(PY) -m specbench -m run method=$(METHODS) $(BENCH_ARGS)
+	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench))" && \
+	$(PY) -m specbench -m run method=$$methods $(BENCH_ARGS)
 	$(PY) -m specbench report
 
 leaderboard: bench  ## regenerate results/leaderboard (tables, figures) from a full run
@@ -46,4 +49,8 @@ synth: install  ## write the synthetic benchmark to data/synthetic/question.json
 	$(PY) -m specbench data synth
 
 lint: install
-	$(PY) -m ruff check specbench tests
+	$(PY) -m ruff check specbench tests methods
+
+.PHONY: wheel-smoke
+wheel-smoke:  ## build the wheel, install it in a scratch venv, run it from an empty folder (scripts/wheel_smoke.sh)
+	PYTHON="$(PYTHON)" TORCH="$(TORCH)" bash scripts/wheel_smoke.sh

@@ -15,6 +15,8 @@ from transformers import (
     Qwen2Config,
 )
 
+import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver, as the cli does
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

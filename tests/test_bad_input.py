@@ -9,11 +9,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_report import base_records, record, write_run
+from test_report import base_records, record, speedup_rows, write_run
 
 from helpers import specbench, write_questions
 from specbench.analysis import report
-from specbench.analysis.metrics import speedup_rows
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import MT_BENCH_CATEGORIES, SUBTASKS, load_questions
 from specbench.models import load_model

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from helpers import specbench
@@ -103,3 +105,23 @@ def test_cli_builds_from_jsonl_and_text(tiny_models, tmp_path):
     proc = specbench("datastore", "build", "--corpus", str(tmp_path / "missing.jsonl"), "--model",
                      str(tiny_models["llama"]), "--out", str(tmp_path / "x"), cwd=tmp_path)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_cli_builds_from_sharegpt_parquet(tiny_models, tmp_path):
+    from transformers import AutoTokenizer
+
+    chats = [[("human", "hi"), ("gpt", "hello")], [("human", "summarize the passage"), ("gpt", "the fox jumps")]]
+    records = [{"id": str(i), "conversations": [{"from": f, "value": v} for f, v in chat]}
+               for i, chat in enumerate(chats)]
+    corpus = tmp_path / "sharegpt.parquet"
+    pq.write_table(pa.Table.from_pylist(records), corpus)
+    out = tmp_path / "ds"
+    specbench("datastore", "build", "--corpus", str(corpus), "--model", str(tiny_models["llama"]), "--out", str(out),
+              cwd=tmp_path, check=True)
+    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
+    roles = {"human": "user", "gpt": "assistant"}
+    want = []
+    for chat in chats:
+        text = tok.apply_chat_template([{"role": roles[f], "content": v} for f, v in chat], tokenize=False)
+        want += tok.encode(text, add_special_tokens=False) + [ds.SEPARATOR]
+    assert ds.Datastore.load(out, tok).tokens.tolist() == want

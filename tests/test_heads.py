@@ -11,8 +11,11 @@ import json
 import pickle
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import TEXT
 from omegaconf import OmegaConf
 from test_lossless import (  # noqa: F401 - `targets` is a fixture used here
     ARCHS,
@@ -306,11 +309,24 @@ def test_static_trees_from_choices():
 # --- training from the command line -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["medusa", "eagle"])
-def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path, name):  # noqa: F811
+def sharegpt_corpus(path: Path) -> Path:
+    """ShareGPT conversations from the tiny tokenizer's sentences, as .jsonl or .parquet."""
+    records = [{"id": f"c{i}", "conversations": [{"from": "human", "value": TEXT[i % len(TEXT)]},
+                                                 {"from": "gpt", "value": TEXT[(i + 1) % len(TEXT)]}]}
+               for i in range(30)]
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(records), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("name", "corpus"), [("medusa", "sharegpt.jsonl"), ("eagle", "sharegpt.parquet")])
+def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path, name, corpus):  # noqa: F811
     out = tmp_path / name
     proc = specbench("train-head", f"method={name}", "model=local", f"model.path={tiny_models['llama']}",
-                     f"out={out}", "tokens=3000", "steps=5", "threads=1", cwd=tmp_path)
+                     f"corpus={sharegpt_corpus(tmp_path / corpus)}", f"out={out}", "tokens=3000", "steps=5",
+                     "threads=1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (out / "config.json").is_file()
     method = build_method(method_cfg(name, head=str(out)), targets["llama"], EMPTY)

@@ -3,10 +3,13 @@
 import json
 import math
 
+import pytest
+
 from helpers import specbench
-from specbench.analysis import report
-from specbench.analysis.metrics import speedup_rows
-from specbench.core.answers import AnswerWriter, run_dir, write_meta
+from specbench.analysis import frame, report
+from specbench.analysis.runs import Run
+from specbench.core.answers import AnswerWriter, read_answers, run_dir, write_meta
+from specbench.core.errors import SpecbenchError
 from specbench.presentation import leaderboard
 from specbench.presentation.check import compare, load_check_config, snapshot
 
@@ -47,6 +50,12 @@ def write_run(root, method, records, temperature=0.0, run=1, facts=None):
 
 def base_records(seconds=1.0):
     return [record(i, c, 10, seconds, [1] * 9, margins=[0.01] * 10) for i, c in enumerate(CATS)]
+
+
+def speedup_rows(ours, base):
+    """`frame.speedups` of `ours` against `base` (one run each): row dicts, subtasks then overall."""
+    runs = [Run("synthetic", "tiny", "baseline", 0.0, 1, base), Run("synthetic", "tiny", "fast", 0.0, 1, ours)]
+    return frame.speedups(frame.tidy(runs)).loc["fast"].reset_index().to_dict("records")
 
 
 def test_speedup_uses_upstream_definition():
@@ -175,3 +184,13 @@ def test_recommend_respects_constraints(tmp_path):
     proc = specbench("recommend", "--memory-gb", "0.000001", "--training", "yes", "--results", str(root),
                      cwd=tmp_path)
     assert proc.returncode == 1 and "too large" in proc.stdout
+
+
+def test_answer_line_that_is_not_an_object_is_named(tmp_path):
+    path = tmp_path / "answers.jsonl"
+    path.write_text('{"question_id": 1}\n\n[1, 2]\n{"question_id": 2}\n')
+    with pytest.raises(SpecbenchError, match=r"answers.jsonl:3: corrupt answer line") as err:
+        read_answers(path)
+    assert "\n" not in str(err.value)
+    path.write_text('{"question_id": 1}\n  \n{"question_id": 2}\n')  # blank lines are skipped
+    assert [r["question_id"] for r in read_answers(path)] == [1, 2]

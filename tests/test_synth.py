@@ -12,8 +12,11 @@ import subprocess
 import sys
 
 import pytest
+from test_layers import import_graph
 
 from specbench import synth
+from specbench.synth.benchmark import GENERATORS
+from specbench.synth.mt_bench import GENERATORS as MT_BENCH_GENERATORS
 
 EQUATION = re.compile(r"(\d+(?: [-+*/] \d+)+) = (\d+)")
 WORD = re.compile(r"[A-Za-z]+")
@@ -50,6 +53,21 @@ def test_public_constants() -> None:
         "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
     )
     assert isinstance(synth.GENERATOR_VERSION, str) and synth.GENERATOR_VERSION
+    assert [name for name in synth.__all__ if not hasattr(synth, name)] == []
+
+
+def test_every_category_has_a_generator() -> None:
+    assert list(GENERATORS) == list(synth.CATEGORIES)
+    assert list(MT_BENCH_GENERATORS) == list(synth.MT_BENCH_CATEGORIES)
+
+
+def test_package_imports_only_core_and_itself() -> None:
+    """synth is a leaf: from the rest of specbench it may use the shared basics (core) only."""
+    graph = import_graph()
+    modules = [m for m in graph if m.split(".")[:2] == ["specbench", "synth"]]
+    assert "specbench.synth.mt_bench.coding" in modules
+    wrong = [f"{m} -> {t}" for m in modules for t in graph[m] if t.split(".")[1] not in ("core", "synth")]
+    assert not wrong, wrong
 
 
 def test_question_schema_and_counts(questions: list[dict]) -> None:

@@ -1,1 +1,3 @@
-"""Reading answer files back into numbers: runs, metrics, audits."""
+"""Reading answer files back into numbers: `runs` (loading, grouping), `frame` (the tidy frame
+and the one speedup computation), `audit` (lossless audit, acceptance, time split), `report`
+(a group analysed) and `summary` (the table after `specbench run`)."""

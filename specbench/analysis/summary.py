@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from specbench.analysis import metrics
+from specbench.analysis.frame import speedups, tidy
+from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import ANSWERS, read_answers
 from specbench.core.table import speedup_table
 from specbench.run.session import Session
 
 
+def session_runs(session: Session, method: str) -> list[Run]:
+    """The session's answers of `method` (this shard's folder, this session's questions), per run."""
+    cfg = session.cfg
+    wanted = {q.question_id for q in session.questions}
+    runs = []
+    for run in range(1, int(cfg.runs) + 1):
+        folder = session.run_dir(method, run)
+        records = [r for r in read_answers(folder / ANSWERS) if r["question_id"] in wanted]
+        runs.append(Run(cfg.dataset.name, cfg.model.name, method, float(cfg.temperature), run, records,
+                        source=folder))
+    return runs
+
+
 def run_summary(session: Session) -> str:
-    """Speedup rows of the session's method against the baseline, averaged over runs."""
+    """Speedup rows of the session's method against the baseline (report's numbers, `frame.speedups`)."""
     cfg = session.cfg
     name = cfg.method.name
-    wanted = {q.question_id for q in session.questions}
-    per_run = []
-    for run in range(1, int(cfg.runs) + 1):
-        ours = [r for r in read_answers(session.run_dir(name, run) / ANSWERS) if r["question_id"] in wanted]
-        base = [r for r in read_answers(session.run_dir("baseline", run) / ANSWERS) if r["question_id"] in wanted]
-        if ours and base:
-            per_run.append(metrics.speedup_rows(ours, base))
+    runs = [run for method in dict.fromkeys([BASELINE, name]) for run in session_runs(session, method)]
+    table = speedups(tidy(runs))
     header = f"{name} vs baseline | {cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
-    if not per_run:
+    if name not in table.index.get_level_values("method"):
         return f"{header}: no baseline answers to compare with (run with baseline=true)"
-    return speedup_table(metrics.average_runs(per_run), title=header, runs=int(cfg.runs))
+    rows = table.loc[name].reset_index().to_dict("records")
+    return speedup_table(rows, title=header, runs=int(cfg.runs))

@@ -16,6 +16,8 @@ commands:
                        (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps)
   report [results]     leaderboard tables (md/csv/tex) and figures from answer files
   check [--quick] [--update]  compare results with results/reference; exit 1 on a regression
+  methods [--names [--suite S]] [--markdown]
+                       the methods of every source (built-in, methods/ folder, search path, entry points)
   recommend --memory-gb X --training yes|no [--temperature T]
                        the best measured method within those constraints, with its numbers
   data fetch           download the official Spec-Bench questions (SHA-256 checked)
@@ -23,8 +25,8 @@ commands:
   zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
   train-head method=medusa|eagle model=NAME [out=DIR]
                        train an EAGLE or Medusa head with the target frozen (published checkpoint layout)
-  datastore build --corpus FILE --model MODEL --out DIR
-                       index a corpus (jsonl or text) for REST (method=rest method.datastore=DIR)
+  datastore build --corpus SPEC --model MODEL --out DIR
+                       index a corpus (file, hub dataset, zoo:corpus) for REST (method=rest method.datastore=DIR)
 
 Set SPECBENCH_VERBOSE=1 for full tracebacks."""
 
@@ -135,6 +137,12 @@ def _check(args: list[str]) -> int:
     return check_main(args)
 
 
+def _methods(args: list[str]) -> int:
+    from specbench.cli.methods import methods_main
+
+    return methods_main(args)
+
+
 def _recommend(args: list[str]) -> int:
     from specbench.presentation.recommend import recommend_main
 
@@ -151,9 +159,14 @@ def _datastore(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m specbench datastore",
                                      description="Build a REST datastore: a corpus tokenized and suffix-indexed.")
     parser.add_argument("action", choices=["build"])
-    parser.add_argument("--corpus", required=True, help=".jsonl (text / messages / conversations / turns) or text")
+    parser.add_argument("--corpus", required=True,
+                        help=".json/.jsonl/.parquet/.csv (text / messages / conversations / turns records), "
+                             "a text file (blank lines between documents), a hub dataset id or zoo:corpus")
     parser.add_argument("--model", required=True, help="tokenizer: hub id, folder or zoo:NAME (the target's)")
     parser.add_argument("--out", required=True, help="datastore folder to write")
+    parser.add_argument("--split", default="train", help="split of a hub dataset (default: train)")
+    parser.add_argument("--text-field", help="the records' text column, if not 'text'")
+    parser.add_argument("--max-tokens", type=int, help="stop after about this many corpus tokens")
     opts = parser.parse_args(args)
     from transformers import AutoTokenizer
 
@@ -161,8 +174,9 @@ def _datastore(args: list[str]) -> int:
     from specbench.models import resolve_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_path(opts.model))
-    datastore.build(datastore.read_corpus(opts.corpus, tokenizer), tokenizer, opts.out, source=str(opts.corpus),
-                    progress=True)
+    docs = datastore.read_corpus(opts.corpus, tokenizer, split=opts.split, text_field=opts.text_field,
+                                 max_tokens=opts.max_tokens)
+    datastore.build(docs, tokenizer, opts.out, source=str(opts.corpus), progress=True)
     return 0
 
 
@@ -174,11 +188,13 @@ def _train_head(args: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "report": _report, "check": _check, "recommend": _recommend, "data": _data, "zoo": _zoo,
-    "datastore": _datastore, "train-head": _train_head,
+    "datastore": _datastore, "train-head": _train_head, "methods": _methods,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver (also an entry point, for library use)
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -1,16 +1,17 @@
 """`python -m specbench train-head method=medusa|eagle model=NAME [key=value ...]`.
 
-Trains a head with the target frozen on a text corpus (by default the zoo's synthetic chat
-corpus, rendered with the target's chat template) and writes it in the published layout, ready
-for `method.head=OUT`. Keys: method, model (a configs/model name; `model.path=...` etc.
-override its fields), out, corpus (zoo | file.txt: one text per line | file.jsonl: "text" or
-"messages" per line), tokens (corpus tokens to use), steps, lr, seed, threads, device, and
-for Medusa heads / layers / train_projections.
+Trains a head with the target frozen on a corpus (by default `zoo:corpus`, the zoo's training
+conversations, rendered with the target's chat template) and writes it in the published layout,
+ready for `method.head=OUT`. Keys: method, model (a configs/model name; `model.path=...` etc.
+override its fields), out, corpus (anything `specbench.datastore.read_corpus` reads: a
+.json/.jsonl/.parquet/.csv file of text / messages / ShareGPT conversations / Spec-Bench turns
+records, a text file with blank lines between documents, a hub dataset id, `zoo:corpus`; `zoo`
+is short for `zoo:corpus`), split and text_field (for those), tokens (corpus tokens to use),
+steps, lr, seed, threads, device, seq_len, and for Medusa heads / layers / train_projections.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,9 +23,10 @@ from omegaconf import OmegaConf
 from specbench.core.errors import SpecbenchError
 
 USAGE = "python -m specbench train-head method=medusa|eagle model=NAME [model.path=...] [out=DIR] [key=value ...]"
-KEYS = {"method", "model", "out", "corpus", "tokens", "steps", "lr", "seed", "threads", "device", "heads", "layers",
-        "train_projections", "seq_len"}
+KEYS = {"method", "model", "out", "corpus", "split", "text_field", "tokens", "steps", "lr", "seed", "threads", "device",
+        "heads", "layers", "train_projections", "seq_len"}
 SEQ_LEN = 512
+ZOO_CORPUS = "zoo:corpus"
 
 
 def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -45,48 +47,23 @@ def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
     return opts, model_overrides
 
 
-def _texts(corpus: str, tokenizer: Any, n_tokens: int) -> list[list[int]]:
-    """Token ids of whole documents until about `n_tokens` tokens."""
+def corpus_documents(
+    spec: str, tokenizer: Any, n_tokens: int, seq_len: int, *, split: str = "train", text_field: str | None = None
+) -> list[list[int]]:
+    """Token ids of whole documents of a corpus (each cut to `seq_len`) until about `n_tokens` tokens;
+    `zoo` is short for `zoo:corpus`."""
+    from specbench.datastore import read_corpus
+
     docs: list[list[int]] = []
     total = 0
-
-    def add(ids: list[int]) -> bool:
-        nonlocal total
-        if len(ids) > 1:
-            docs.append(ids[:SEQ_LEN])
+    for ids in read_corpus(ZOO_CORPUS if spec == "zoo" else spec, tokenizer, split=split, text_field=text_field):
+        if len(ids) > 1:  # one token teaches no next token
+            docs.append(ids[:seq_len])
             total += len(docs[-1])
-        return total >= n_tokens
-
-    def chat(messages: list[dict]) -> list[int]:
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(messages, tokenize=False)
-            return tokenizer(text, add_special_tokens=False)["input_ids"]
-        return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
-
-    if corpus == "zoo":
-        from specbench import synth
-
-        for item in synth.make_corpus(max(50, n_tokens // 40), seed=1, question_seed=0):
-            if add(chat(synth.conversation_messages(item))):
-                break
-        return docs
-    path = Path(corpus).expanduser()
-    if not path.is_file():
-        raise SpecbenchError(f"corpus '{corpus}' is neither 'zoo' nor a file")
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            if path.suffix == ".jsonl":
-                record = json.loads(line)
-                ids = chat(record["messages"]) if "messages" in record else tokenizer(record["text"])["input_ids"]
-            else:
-                ids = tokenizer(line)["input_ids"]
-            if add(ids):
-                break
+        if total >= n_tokens:
+            break
     if not docs:
-        raise SpecbenchError(f"corpus {path} has no usable text")
+        raise SpecbenchError(f"corpus {spec} has no document of two or more tokens")
     return docs
 
 
@@ -129,7 +106,9 @@ def train_head_main(args: list[str]) -> int:
                         trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
     tokenizer = target.tokenizer
     seq_len = int(opts.get("seq_len", SEQ_LEN))
-    docs = _texts(opts.get("corpus", "zoo"), tokenizer, int(opts.get("tokens", headtrain.DEFAULT_TOKENS)))
+    n_tokens = int(opts.get("tokens", headtrain.DEFAULT_TOKENS))
+    docs = corpus_documents(opts.get("corpus", ZOO_CORPUS), tokenizer, n_tokens, seq_len,
+                            split=opts.get("split", "train"), text_field=opts.get("text_field"))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids, valid = pack_rows(docs, seq_len, int(pad))
     start = time.perf_counter()

@@ -31,7 +31,8 @@ def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[
     """All complete records of an answer file.
 
     A last line without its newline is what a killed write leaves: it is dropped (and cut
-    from the file when `repair`). A bad complete line is an error, not a torn write.
+    from the file when `repair`). A bad complete line (not a JSON object) is an error, not a
+    torn write.
     """
     path = Path(path)
     if not path.exists():
@@ -41,15 +42,11 @@ def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[
     if torn and repair:
         with path.open("r+b") as fh:
             fh.truncate(len(complete) + len(newline))
-    records: list[dict[str, Any]] = []
-    for i, raw in enumerate(complete.split(b"\n") if newline else []):
-        if not raw.strip():
-            continue
-        try:
-            records.append(json.loads(raw))
-        except ValueError:
-            raise SpecbenchError(f"{path}:{i + 1}: corrupt answer line; fix or delete the file") from None
-    return records
+    lines = complete.split(b"\n") if newline else []
+    try:
+        return list(jsonlines.Reader(lines).iter(type=dict, skip_empty=True))
+    except jsonlines.InvalidLineError as exc:
+        raise SpecbenchError(f"{path}:{exc.lineno}: corrupt answer line; fix or delete the file") from None
 
 
 class AnswerWriter:

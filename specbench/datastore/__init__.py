@@ -11,7 +11,7 @@ On disk a datastore is a folder of three files, loaded without pickle:
   `source` (free text), `build_seconds`.
 
 Loading refuses a datastore made with another tokenizer (a different fingerprint): its ids
-would mean other tokens.
+would mean other tokens. Corpora are read by `read_corpus` (specbench.datastore.corpus).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from specbench.core.errors import SpecbenchError
+from specbench.datastore.corpus import read_corpus  # noqa: F401 - the corpus reader, re-exported
 
 FORMAT = "specbench-datastore"
 VERSION = 1
@@ -96,59 +97,6 @@ def build(
     if progress:
         print(f"specbench datastore: wrote {out} in {manifest['build_seconds']}s", file=sys.stderr, flush=True)
     return out
-
-
-def read_corpus(path: str | Path, tokenizer: Any) -> Iterator[list[int]]:
-    """Token ids of each document of a corpus file.
-
-    `.jsonl`: one document per line: `{"text": ...}`, chat `{"messages": [{"role", "content"}]}`
-    or ShareGPT `{"conversations": [{"from", "value"}]}` (rendered with the tokenizer's chat
-    template when it has one, so the datastore looks like the prompts), or Spec-Bench
-    questions `{"turns": [...], "reference": [...]}` (turns and references as a chat).
-    Any other file is plain text, documents separated by blank lines.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise SpecbenchError(f"corpus file {path} does not exist")
-    if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    raise SpecbenchError(f"{path}:{lineno} is not JSON") from None
-                yield _encode_record(record, tokenizer, f"{path}:{lineno}")
-    else:
-        text = path.read_text(encoding="utf-8")
-        for doc in text.split("\n\n"):
-            if doc.strip():
-                yield tokenizer.encode(doc.strip(), add_special_tokens=False)
-
-
-def _encode_record(record: Any, tokenizer: Any, where: str) -> list[int]:
-    if not isinstance(record, dict):
-        raise SpecbenchError(f"{where}: expected a JSON object")
-    if isinstance(record.get("text"), str):
-        return tokenizer.encode(record["text"], add_special_tokens=False)
-    messages = record.get("messages")
-    if messages is None and isinstance(record.get("conversations"), list):
-        roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-        messages = [{"role": roles.get(m.get("from"), "user"), "content": m.get("value", "")}
-                    for m in record["conversations"]]
-    if messages is None and isinstance(record.get("turns"), list):
-        answers = record.get("reference") or []
-        messages = []
-        for i, turn in enumerate(record["turns"]):
-            messages.append({"role": "user", "content": turn})
-            if i < len(answers) and answers[i]:
-                messages.append({"role": "assistant", "content": answers[i]})
-    if not isinstance(messages, list):
-        raise SpecbenchError(f"{where}: needs 'text', 'messages', 'conversations' or 'turns'")
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
-    return tokenizer.encode("\n".join(str(m.get("content", "")) for m in messages), add_special_tokens=False)
 
 
 @dataclass

@@ -74,7 +74,8 @@ def parse_settings(schema: type, cfg: DictConfig | None, method: str = "") -> An
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
     except OmegaConfBaseException as exc:
         detail = str(exc).strip().splitlines()[0]
-        raise SpecbenchError(f"{label}: bad setting: {detail} (fix it in the method's YAML or override)") from None
+        key = f" '{exc.full_key}'" if getattr(exc, "full_key", None) else ""  # OmegaConf's first line omits it
+        raise SpecbenchError(f"{label}: bad setting{key}: {detail} (fix it in the method's YAML or override)") from None
 
 
 class Method:

@@ -91,15 +91,15 @@ def check_keys(state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ..
             )
 
 
-def head_folder(cfg: Any, model_cfg: Any, method: str, kind: str) -> Path:
-    """The folder `method.head` names: a path, or `zoo:NAME` (the zoo is built if needed).
+def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Path:
+    """The folder that `spec` (the method's `head` setting) names: a path, or `zoo:NAME` (the
+    zoo is built if needed).
 
     The zoo's heads are trained for the zoo's target only: for any other model the default is
     refused before the zoo would be built for nothing.
     """
     from specbench.models import ZOO_PREFIX, resolve_path
 
-    spec = cfg.get("head")
     if not spec:
         raise SpecbenchError(f"method {method} needs a trained {kind} head; set method.head=/path/to/head_folder")
     spec = str(spec)

@@ -20,6 +20,9 @@ greedy and sampled verification stay lossless with nothing method-specific in th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -29,8 +32,30 @@ from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, Specula
 from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.eagle import EagleHead, load_eagle
-from specbench.heads.trees import StaticTree
-from specbench.methods.medusa import target_dims, tree_from_cfg
+from specbench.heads.trees import StaticTree, build_tree
+from specbench.methods.medusa import check_choices, target_dims
+
+
+@dataclass
+class EagleSettings:
+    """`method=eagle` (EAGLE-1, static tree)."""
+
+    head: str | None  # head folder (EAGLE-1 layout, a path or zoo:NAME); None is refused with a hint
+    choices: Any  # the static tree: a published name (heads.trees) or a list of index paths [[0], [1], [0, 0]]
+    num_nodes: int | None  # keep only the first N paths of the tree; None = all
+
+    def __post_init__(self) -> None:
+        check_choices(self.choices, "eagle")
+
+
+@dataclass
+class Eagle2Settings:
+    """`method=eagle2` (EAGLE-2, dynamic tree; meanings as in the published code)."""
+
+    head: str | None  # head folder (the EAGLE-1 weights load as they are); None is refused with a hint
+    depth: int  # expansion steps after the root's top-k: the tree is up to depth + 1 deep
+    top_k: int  # children per expanded node, and nodes expanded per depth
+    total_tokens: int  # tokens verified per step, the root included (total_tokens - 1 draft nodes)
 
 
 class EagleDrafter(Drafter):
@@ -212,7 +237,7 @@ def _load(method: SpeculativeMethod, name: str) -> tuple[EagleHead, nn.Module, n
     model = method.target.model
     hidden, _, lm_head = target_dims(model)
     vocab = int(model.config.get_text_config().vocab_size)
-    folder = head_folder(method.cfg, method.model_cfg, name, "EAGLE")
+    folder = head_folder(method.settings.head, method.model_cfg, name, "EAGLE")
     head = load_eagle(folder, hidden, vocab, method.target.device, method.target.dtype)
     return head, model.get_input_embeddings(), lm_head
 
@@ -220,9 +245,11 @@ def _load(method: SpeculativeMethod, name: str) -> tuple[EagleHead, nn.Module, n
 class Eagle(SpeculativeMethod):
     """`method=eagle`: EAGLE-1 with a static tree (`method.choices`, `method.num_nodes`)."""
 
+    Settings = EagleSettings
+
     def build_drafter(self) -> Drafter:
         self.head, embed, lm_head = _load(self, "eagle")
-        return StaticTreeDrafter(self.head, embed, lm_head, tree_from_cfg(self.cfg, "eagle_mc_sim_7b_63"))
+        return StaticTreeDrafter(self.head, embed, lm_head, build_tree(self.settings.choices, self.settings.num_nodes))
 
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.head.parameters())
@@ -231,7 +258,9 @@ class Eagle(SpeculativeMethod):
 class Eagle2(Eagle):
     """`method=eagle2`: the same head with EAGLE-2's dynamic tree (`depth`, `top_k`, `total_tokens`)."""
 
+    Settings = Eagle2Settings
+
     def build_drafter(self) -> Drafter:
+        s = self.settings
         self.head, embed, lm_head = _load(self, "eagle2")
-        return DynamicTreeDrafter(self.head, embed, lm_head, int(self.cfg.get("depth", 5)),
-                                  int(self.cfg.get("top_k", 10)), int(self.cfg.get("total_tokens", 60)))
+        return DynamicTreeDrafter(self.head, embed, lm_head, s.depth, s.top_k, s.total_tokens)

@@ -15,6 +15,7 @@ target forwards and what the first one emitted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -136,14 +137,34 @@ class HfPeer(Method):
         return GenerationResult(tokens, accept_lengths, stats)
 
 
+@dataclass
+class HfAssistedSettings:
+    """`method=hf_assisted`: generate's assisted-generation settings."""
+
+    draft: str | None  # draft model: hub id, folder or zoo:NAME; None = the model config's `draft`
+    num_assistant_tokens: int  # draft tokens per step (the starting value under a heuristic schedule)
+    num_assistant_tokens_schedule: str  # constant | heuristic | heuristic_transient
+    assistant_confidence_threshold: float  # stop drafting below this draft confidence; 0 = off
+
+
+@dataclass
+class HfPldSettings:
+    """`method=hf_pld`: generate's prompt lookup settings."""
+
+    prompt_lookup_num_tokens: int  # tokens proposed after a match
+    max_matching_ngram_size: int  # longest n-gram matched
+
+
 class HfAssisted(HfPeer):
     """`method=hf_assisted`: transformers' assisted generation with the same draft as sps."""
 
+    Settings = HfAssistedSettings
+
     def __init__(self, target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig) -> None:
         super().__init__(target, cfg, model_cfg)
-        self.draft, _ = load_draft(target, cfg, model_cfg, "hf_assisted")
-        self.num_tokens = int(cfg.get("num_assistant_tokens", 5))
-        self.schedule = str(cfg.get("num_assistant_tokens_schedule", "heuristic"))
+        self.draft, _ = load_draft(target, self.settings.draft, model_cfg, "hf_assisted")
+        self.num_tokens = self.settings.num_assistant_tokens
+        self.schedule = self.settings.num_assistant_tokens_schedule
         if self.schedule not in SCHEDULES:
             raise SpecbenchError(
                 f"unknown num_assistant_tokens_schedule '{self.schedule}'; use one of {', '.join(SCHEDULES)}"
@@ -158,7 +179,7 @@ class HfAssisted(HfPeer):
         config = self.draft.model.generation_config
         config.num_assistant_tokens = self.num_tokens
         config.num_assistant_tokens_schedule = self.schedule
-        config.assistant_confidence_threshold = float(self.cfg.get("assistant_confidence_threshold", 0.0) or 0.0)
+        config.assistant_confidence_threshold = self.settings.assistant_confidence_threshold
 
     def generate_kwargs(self) -> dict[str, Any]:
         return {"assistant_model": self.draft.model}
@@ -167,8 +188,10 @@ class HfAssisted(HfPeer):
 class HfPld(HfPeer):
     """`method=hf_pld`: transformers' prompt lookup decoding."""
 
+    Settings = HfPldSettings
+
     def generate_kwargs(self) -> dict[str, Any]:
         return {
-            "prompt_lookup_num_tokens": int(self.cfg.get("prompt_lookup_num_tokens", 10)),
-            "max_matching_ngram_size": int(self.cfg.get("max_matching_ngram_size", 3)),
+            "prompt_lookup_num_tokens": self.settings.prompt_lookup_num_tokens,
+            "max_matching_ngram_size": self.settings.max_matching_ngram_size,
         }

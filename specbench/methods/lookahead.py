@@ -17,6 +17,7 @@ greedy continuation), shifted past what was accepted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -25,6 +26,23 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import AuxBlock, DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
+
+
+@dataclass
+class LookaheadSettings:
+    """`method=lookahead` (upstream's LEVEL, WINDOW_SIZE, GUESS_SET_SIZE, POOL_FROM_PROMPT)."""
+
+    level: int  # N: n-gram size; the window has N - 1 levels
+    window: int  # W: columns of the lookahead window
+    guess: int  # G: pool n-grams verified per step (merged into a trie)
+    pool_from_prompt: bool  # seed the pool with the prompt's n-grams
+
+
+@dataclass
+class JacobiSettings:
+    """`method=jacobi`."""
+
+    window: int  # tokens guessed (and verified) per step
 
 
 @lru_cache(maxsize=64)
@@ -97,7 +115,7 @@ def merge_trie(candidates: list[tuple[int, ...]], max_depth: int) -> tuple[list[
 
 
 class LookaheadDrafter(Drafter):
-    def __init__(self, window: int = 7, level: int = 5, guess: int = 7, pool_from_prompt: bool = False) -> None:
+    def __init__(self, window: int, level: int, guess: int, pool_from_prompt: bool) -> None:
         if window < 1 or level < 2 or guess < 0:
             raise SpecbenchError(f"lookahead needs window >= 1, level >= 2, guess >= 0; got {window}, {level}, "
                                  f"{guess}")
@@ -141,7 +159,7 @@ class LookaheadDrafter(Drafter):
 class JacobiDrafter(Drafter):
     """Plain Jacobi iteration over a guess of the next `window` tokens."""
 
-    def __init__(self, window: int = 5) -> None:
+    def __init__(self, window: int) -> None:
         if window < 1:
             raise SpecbenchError(f"jacobi needs window >= 1, got {window}")
         self.window = window
@@ -166,17 +184,17 @@ class JacobiDrafter(Drafter):
 class Lookahead(SpeculativeMethod):
     """`method=lookahead`."""
 
+    Settings = LookaheadSettings
+
     def build_drafter(self) -> Drafter:
-        return LookaheadDrafter(
-            window=int(self.cfg.get("window", 7)),
-            level=int(self.cfg.get("level", 5)),
-            guess=int(self.cfg.get("guess", 7)),
-            pool_from_prompt=bool(self.cfg.get("pool_from_prompt", False)),
-        )
+        s = self.settings
+        return LookaheadDrafter(window=s.window, level=s.level, guess=s.guess, pool_from_prompt=s.pool_from_prompt)
 
 
 class Jacobi(SpeculativeMethod):
     """`method=jacobi`."""
 
+    Settings = JacobiSettings
+
     def build_drafter(self) -> Drafter:
-        return JacobiDrafter(window=int(self.cfg.get("window", 5)))
+        return JacobiDrafter(window=self.settings.window)

@@ -9,8 +9,10 @@ speculative sampling. The candidates are picked by rank, not sampled, so the tre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
@@ -21,13 +23,28 @@ from specbench.heads.medusa import MedusaHeads, load_medusa
 from specbench.heads.trees import StaticTree, build_tree
 
 
-def tree_from_cfg(cfg: DictConfig, default: str) -> StaticTree:
-    """The static tree of `method.choices` (a published name or a list of paths) and `method.num_nodes`."""
-    choices = cfg.get("choices", default)
-    if isinstance(choices, ListConfig):
-        choices = OmegaConf.to_container(choices)
-    num_nodes = cfg.get("num_nodes")
-    return build_tree(choices, None if num_nodes is None else int(num_nodes))
+def check_choices(choices: Any, method: str) -> None:
+    """A static tree's `choices` setting is a published tree's name or a list of index paths."""
+    if isinstance(choices, str):
+        return
+    if isinstance(choices, list) and all(
+        isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p) for p in choices
+    ):
+        return
+    raise SpecbenchError(f"method {method} choices must be a tree's name or a list of index paths like "
+                         f"[[0], [1], [0, 0]], got {choices!r}")
+
+
+@dataclass
+class MedusaSettings:
+    """`method=medusa`."""
+
+    head: str | None  # head folder (a path or zoo:NAME); None is refused with a hint
+    choices: Any  # the static tree: a published name (heads.trees) or a list of index paths [[0], [1], [0, 0]]
+    num_nodes: int | None  # keep only the first N paths of the tree; None = all
+
+    def __post_init__(self) -> None:
+        check_choices(self.choices, "medusa")
 
 
 def target_dims(model: torch.nn.Module) -> tuple[int, int, torch.nn.Module]:
@@ -80,11 +97,14 @@ class MedusaDrafter(Drafter):
 class Medusa(SpeculativeMethod):
     """`method=medusa`: heads from `method.head` (default the zoo's, for model=tiny)."""
 
+    Settings = MedusaSettings
+
     def build_drafter(self) -> Drafter:
+        s = self.settings
         hidden, vocab, lm_head = target_dims(self.target.model)
-        folder = head_folder(self.cfg, self.model_cfg, "medusa", "Medusa")
+        folder = head_folder(s.head, self.model_cfg, "medusa", "Medusa")
         self.heads = load_medusa(folder, hidden, vocab, self.target.device, self.target.dtype)
-        return MedusaDrafter(self.heads, lm_head, tree_from_cfg(self.cfg, "medusa_mc_sim_7b_63"))
+        return MedusaDrafter(self.heads, lm_head, build_tree(s.choices, s.num_nodes))
 
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.heads.parameters())

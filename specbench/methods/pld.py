@@ -8,6 +8,8 @@ probabilities, verified by the shared engine.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specbench.core.errors import SpecbenchError
@@ -16,6 +18,15 @@ from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
 from specbench.engine.api import Prefilled
 
 MATCHES = ("first", "last")
+
+
+@dataclass
+class PldSettings:
+    """`method=pld`."""
+
+    max_ngram: int  # longest n-gram matched (tried from max_ngram down to 1)
+    num_pred_tokens: int  # tokens proposed after a match
+    match: str  # first | last: which earlier occurrence of the n-gram to follow
 
 
 def lookup(context: torch.Tensor, max_ngram: int, num_pred: int, match: str = "first") -> torch.Tensor:
@@ -40,7 +51,7 @@ def lookup(context: torch.Tensor, max_ngram: int, num_pred: int, match: str = "f
 class PldDrafter(Drafter):
     """Prompt lookup over a host-side buffer of prompt + generated ids (grown in place)."""
 
-    def __init__(self, max_ngram: int = 3, num_pred_tokens: int = 10, match: str = "first") -> None:
+    def __init__(self, max_ngram: int, num_pred_tokens: int, match: str) -> None:
         if max_ngram < 1 or num_pred_tokens < 1:
             raise SpecbenchError(
                 f"pld needs max_ngram >= 1 and num_pred_tokens >= 1, got {max_ngram} and {num_pred_tokens}"
@@ -84,9 +95,8 @@ class PldDrafter(Drafter):
 class PLD(SpeculativeMethod):
     """`method=pld`."""
 
+    Settings = PldSettings
+
     def build_drafter(self) -> Drafter:
-        return PldDrafter(
-            max_ngram=int(self.cfg.get("max_ngram", 3)),
-            num_pred_tokens=int(self.cfg.get("num_pred_tokens", 10)),
-            match=str(self.cfg.get("match", "first")),
-        )
+        s = self.settings
+        return PldDrafter(max_ngram=s.max_ngram, num_pred_tokens=s.num_pred_tokens, match=s.match)

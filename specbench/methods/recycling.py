@@ -11,6 +11,7 @@ is cleared at the start of every run, so runs are independent.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,16 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
+
+
+@dataclass
+class RecyclingSettings:
+    """`method=recycling`."""
+
+    k: int  # candidates kept per token (the adjacency matrix is vocab x k)
+    tree_size: int  # nodes of the static tree template
+    max_depth: int  # depth of the template
+    decay: float  # the template's prior: rank r is right with probability 0.6 * decay**r
 
 
 def tree_template(size: int, max_depth: int, k: int, decay: float = 0.5, first: float = 0.6
@@ -61,7 +72,7 @@ def tree_template(size: int, max_depth: int, k: int, decay: float = 0.5, first: 
 class RecyclingDrafter(Drafter):
     """Fills the template from the adjacency matrix with one gather per depth."""
 
-    def __init__(self, vocab: int, k: int = 8, tree_size: int = 32, max_depth: int = 6, decay: float = 0.5) -> None:
+    def __init__(self, vocab: int, k: int, tree_size: int, max_depth: int, decay: float = 0.5) -> None:
         if vocab < 1:
             raise SpecbenchError("recycling needs the target's vocabulary size")
         self.vocab, self.k = vocab, k
@@ -124,13 +135,11 @@ class RecyclingDrafter(Drafter):
 class TokenRecycling(SpeculativeMethod):
     """`method=recycling`."""
 
+    Settings = RecyclingSettings
+
     def build_drafter(self) -> Drafter:
         from specbench.methods.sps import logits_width
 
-        return RecyclingDrafter(
-            logits_width(self.target),
-            k=int(self.cfg.get("k", 8)),
-            tree_size=int(self.cfg.get("tree_size", 32)),
-            max_depth=int(self.cfg.get("max_depth", 6)),
-            decay=float(self.cfg.get("decay", 0.5)),
-        )
+        s = self.settings
+        return RecyclingDrafter(logits_width(self.target), k=s.k, tree_size=s.tree_size, max_depth=s.max_depth,
+                                decay=s.decay)

@@ -8,6 +8,7 @@ by the shared engine (deterministic candidates, lossless under sampling too).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +21,18 @@ from specbench.engine.api import Prefilled
 from specbench.models import resolve_path
 
 
+@dataclass
+class RestSettings:
+    """`method=rest`."""
+
+    datastore: str | None  # datastore folder (`python -m specbench datastore build`) or zoo:datastore
+    max_suffix: int  # longest context suffix matched
+    min_suffix: int  # shortest suffix that still retrieves
+    num_draft: int  # trie nodes verified per step
+    draft_depth: int  # continuation tokens retrieved per match (the deepest draft)
+    max_matches: int  # occurrences read per step (evenly spread over the match range)
+
+
 def resolve_datastore(spec: str | None) -> Path:
     if not spec:
         raise SpecbenchError("method rest needs a datastore: build one with `python -m specbench datastore build "
@@ -30,8 +43,8 @@ def resolve_datastore(spec: str | None) -> Path:
 class RestDrafter(Drafter):
     """Longest-suffix retrieval from a datastore, merged into a frequency-ranked trie."""
 
-    def __init__(self, store: ds.Datastore, max_suffix: int = 16, min_suffix: int = 2, num_draft: int = 64,
-                 draft_depth: int = 10, max_matches: int = 512) -> None:
+    def __init__(self, store: ds.Datastore, max_suffix: int, min_suffix: int, num_draft: int, draft_depth: int,
+                 max_matches: int) -> None:
         if not 1 <= min_suffix <= max_suffix or num_draft < 1 or draft_depth < 1 or max_matches < 1:
             raise SpecbenchError("rest needs 1 <= min_suffix <= max_suffix and positive num_draft, draft_depth, "
                                  "max_matches")
@@ -63,13 +76,10 @@ class RestDrafter(Drafter):
 class REST(SpeculativeMethod):
     """`method=rest`: `method.datastore` is a datastore folder or `zoo:datastore`."""
 
+    Settings = RestSettings
+
     def build_drafter(self) -> Drafter:
-        store = ds.Datastore.load(resolve_datastore(self.cfg.get("datastore")), self.target.tokenizer)
-        return RestDrafter(
-            store,
-            max_suffix=int(self.cfg.get("max_suffix", 16)),
-            min_suffix=int(self.cfg.get("min_suffix", 2)),
-            num_draft=int(self.cfg.get("num_draft", 64)),
-            draft_depth=int(self.cfg.get("draft_depth", 10)),
-            max_matches=int(self.cfg.get("max_matches", 512)),
-        )
+        s = self.settings
+        store = ds.Datastore.load(resolve_datastore(s.datastore), self.target.tokenizer)
+        return RestDrafter(store, max_suffix=s.max_suffix, min_suffix=s.min_suffix, num_draft=s.num_draft,
+                           draft_depth=s.draft_depth, max_matches=s.max_matches)

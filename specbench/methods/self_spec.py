@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,28 @@ SEARCH_VERSION = 1
 #: Calibration conversations of the auto search: synthetic chats the zoo package writes (no zoo build needed).
 DEFAULT_CALIBRATION = "zoo:calibration"
 _EMPTY_CFG = OmegaConf.create({})
+
+
+@dataclass
+class SelfSpecSettings:
+    """`method=self_spec` (Draft & Verify's drafting and its adaptive threshold)."""
+
+    skip_layers: Any  # layer indices the draft skips, or "auto" (searched on calibration prompts; None = auto)
+    search_prompts: int  # calibration prompts of the auto search
+    search_max_new_tokens: int  # tokens generated per calibration prompt
+    calibration: str  # JSONL of conversations (path or prefix:NAME) whose first turns calibrate the search
+    max_draft: int  # longest chain
+    threshold: float  # initial confidence threshold: drafting stops once the top probability falls below it
+    adaptive: bool  # move the threshold towards target_acceptance after every step (D&V)
+    target_acceptance: float  # the acceptance rate the adaptive threshold aims at
+    threshold_step: float  # how far one adaptive update nudges the threshold
+
+    def __post_init__(self) -> None:
+        skip = self.skip_layers
+        if skip is None or skip == "auto":
+            return
+        if not isinstance(skip, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in skip):
+            raise SpecbenchError(f"self_spec skip_layers must be 'auto' or a list of layer indices, got {skip!r}")
 
 
 def cache_dir() -> Path:
@@ -91,8 +114,8 @@ class LayerSkipper:
 class SelfSpecDrafter(Drafter):
     """A chain from the layer-skipped target with Draft & Verify's adaptive confidence stop."""
 
-    def __init__(self, model: torch.nn.Module, skip: list[int], max_draft: int = 8, threshold: float = 0.6,
-                 adaptive: bool = True, target_acceptance: float = 0.8, step: float = 0.01) -> None:
+    def __init__(self, model: torch.nn.Module, skip: list[int], max_draft: int, threshold: float, adaptive: bool,
+                 target_acceptance: float, step: float) -> None:
         if max_draft < 1 or not 0.0 <= threshold <= 1.0:
             raise SpecbenchError("self_spec needs max_draft >= 1 and 0 <= threshold <= 1")
         self.skipper = LayerSkipper(model, skip)
@@ -175,7 +198,7 @@ def calibration_prompts(target: LoadedModel, n: int, source: str = DEFAULT_CALIB
     return [torch.tensor([prompt_ids(template, target.tokenizer, it.turns[:1], [])]) for it in items]
 
 
-def search_skip_set(target: LoadedModel, n_prompts: int = 3, max_new_tokens: int = 48,
+def search_skip_set(target: LoadedModel, n_prompts: int, max_new_tokens: int,
                     candidates: list[list[int]] | None = None, calibration: str = DEFAULT_CALIBRATION,
                     **drafter_kwargs: Any) -> dict[str, Any]:
     """Score each candidate set on calibration prompts; returns {"best": [...], "scores": [...]}."""
@@ -242,22 +265,17 @@ def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts
 class SelfSpec(SpeculativeMethod):
     """`method=self_spec`."""
 
+    Settings = SelfSpecSettings
+
     def build_drafter(self) -> Drafter:
-        kwargs = {
-            "max_draft": int(self.cfg.get("max_draft", 8)),
-            "threshold": float(self.cfg.get("threshold", 0.6)),
-            "adaptive": bool(self.cfg.get("adaptive", True)),
-            "target_acceptance": float(self.cfg.get("target_acceptance", 0.8)),
-            "step": float(self.cfg.get("threshold_step", 0.01)),
-        }
-        skip = self.cfg.get("skip_layers", "auto")
-        if skip is None or str(skip) == "auto":
+        s = self.settings
+        # These keys and values also key the auto search's cache: keep them as they are.
+        kwargs = {"max_draft": s.max_draft, "threshold": s.threshold, "adaptive": s.adaptive,
+                  "target_acceptance": s.target_acceptance, "step": s.threshold_step}
+        skip = s.skip_layers
+        if skip is None or skip == "auto":
             with torch.inference_mode():
-                skip = auto_skip_set(self.target, kwargs, int(self.cfg.get("search_prompts", 3)),
-                                     int(self.cfg.get("search_max_new_tokens", 48)),
-                                     str(self.cfg.get("calibration", DEFAULT_CALIBRATION)))
-        elif isinstance(skip, str) or not all(isinstance(i, int) for i in skip):
-            raise SpecbenchError(f"self_spec skip_layers must be 'auto' or a list of layer indices, got {skip!r}")
+                skip = auto_skip_set(self.target, kwargs, s.search_prompts, s.search_max_new_tokens, s.calibration)
         self.skip_layers = [int(i) for i in skip]
         return SelfSpecDrafter(self.target.model, self.skip_layers, **kwargs)
 

@@ -7,6 +7,8 @@ in one target forward. K may adapt as in transformers' "heuristic" schedule.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from omegaconf import DictConfig
 
@@ -17,6 +19,16 @@ from specbench.engine.api import Prefilled
 from specbench.models import LoadedModel, load_model
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+@dataclass
+class SpsSettings:
+    """`method=sps`, and `method=sps_plain` (the same settings, another draft)."""
+
+    draft: str | None  # draft model: hub id, folder or zoo:NAME; None = the model config's `draft`
+    num_speculative_tokens: int  # K, draft tokens per step (the starting K under a heuristic schedule)
+    schedule: str  # how K adapts: constant | heuristic | heuristic_transient (see SpsDrafter)
+    max_speculative_tokens: int | None  # cap on K under a heuristic schedule; None = no cap
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) -> None:
@@ -41,9 +53,12 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) ->
         )
 
 
-def load_draft(target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig, method: str) -> tuple[LoadedModel, str]:
-    """The draft named by `method.draft`, else by the model config's `draft`, checked against the target."""
-    spec = cfg.get("draft") or model_cfg.get("draft")
+def load_draft(
+    target: LoadedModel, draft: str | None, model_cfg: DictConfig, method: str
+) -> tuple[LoadedModel, str]:
+    """The draft named by the method's `draft` setting, else by the model config's `draft`,
+    checked against the target."""
+    spec = draft or model_cfg.get("draft")
     if not spec:
         raise SpecbenchError(f"method {method} needs a draft model; set model.draft=... or method.draft=...")
     draft = load_model(
@@ -162,15 +177,14 @@ class SpsDrafter(Drafter):
 class SpS(SpeculativeMethod):
     """`method=sps`: the draft from `method.draft` or the model config's `draft`."""
 
+    Settings = SpsSettings
+
     def build_drafter(self) -> Drafter:
-        draft, _ = load_draft(self.target, self.cfg, self.model_cfg, "sps")
-        vocab = logits_width(self.target)
+        s = self.settings
+        draft, _ = load_draft(self.target, s.draft, self.model_cfg, "sps")
         return SpsDrafter(
-            draft,
-            num_tokens=int(self.cfg.get("num_speculative_tokens", 5)),
-            vocab_size=vocab,
-            schedule=str(self.cfg.get("schedule", "heuristic")),
-            max_tokens=self.cfg.get("max_speculative_tokens"),
+            draft, num_tokens=s.num_speculative_tokens, vocab_size=logits_width(self.target), schedule=s.schedule,
+            max_tokens=s.max_speculative_tokens,
         )
 
     def extra_parameters(self) -> int:

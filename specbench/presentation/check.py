@@ -90,12 +90,17 @@ def compare(ref: dict[str, Any], now: dict[str, Any], tol: DictConfig) -> tuple[
 
 
 def run_quick(cfg: DictConfig, out_dir: Path) -> None:
-    """Run the quick methods on the embedded default into `out_dir`."""
+    """Run the methods of the quick suite (`suites: [..., quick]` in a method's YAML, any source)
+    on the embedded default into `out_dir`."""
     from hydra import compose, initialize_config_dir
 
+    from specbench.run import registry
     from specbench.run import session as runner
 
-    for method in cfg.quick.methods:
+    methods = registry.register_with_hydra(registry.discover()).names(suite=cfg.quick.suite)
+    if not methods:
+        raise SpecbenchError(f"no method is in suite '{cfg.quick.suite}'; add it to a method's suites: [...]")
+    for method in methods:
         overrides = [f"method={method}", f"output_dir={out_dir}", *cfg.quick.overrides]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             run_cfg = compose("config", overrides=overrides)

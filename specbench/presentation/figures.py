@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -15,18 +16,27 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 
-# matplotlib's tab20: one distinct colour for each of the 16 methods we ship, then by hash
+# matplotlib's tab20, handed out in the registry's order: the built-ins (by name) first, then the
+# user's methods, so a new user method never recolours a built-in; other names by hash.
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
            "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]
-KNOWN = ["sps", "pld", "eagle", "eagle2", "medusa", "lookahead", "jacobi", "rest", "recycling", "self_spec",
-         "hf_assisted", "hf_pld", "sps_plain", "lookahead_cpu"]
+
+
+@functools.lru_cache(maxsize=1)
+def known_methods() -> tuple[str, ...]:
+    """Method names in registry order (built-ins, then the methods/ folder, then entry points),
+    the baseline left out: it is drawn as a line, not a coloured bar."""
+    from specbench.run.registry import discover
+
+    return tuple(n for n in discover().names() if n != BASELINE)
 
 
 def colour(method: str) -> str:
-    """The same colour for a method in every figure (known methods first, others by hash)."""
-    if method in KNOWN:
-        return PALETTE[KNOWN.index(method) % len(PALETTE)]
+    """The same colour for a method in every figure (registry order first, others by hash)."""
+    known = known_methods()
+    if method in known[: len(PALETTE)]:
+        return PALETTE[known.index(method)]
     return PALETTE[int(hashlib.sha256(method.encode()).hexdigest(), 16) % len(PALETTE)]
 
 

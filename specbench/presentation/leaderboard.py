@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from specbench.analysis.frame import OVERALL
 from specbench.analysis.report import BASELINE, Group, MethodResult
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
 from specbench.core.table import markdown
@@ -18,6 +20,7 @@ DEFINITIONS = (
     "(1.00 for autoregressive decoding). Per-depth acceptance: of the steps whose draft reached depth d, the "
     "share that accepted the token at depth d. Tokens are counted from generated token ids."
 )
+CSV_METRICS = ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "tokens_per_s")
 
 
 def stem(group: Group) -> str:
@@ -30,11 +33,18 @@ def _fmt(x: float, spec: str = ".2f") -> str:
 
 
 def _subtasks(group: Group) -> list[str]:
-    present = {s for r in group.results for s in r.rows}
+    present = set(_table(group).index.get_level_values("subtask"))
     return [s for s in SUBTASKS if s in present]
 
 
-def _speedup_cell(row: dict[str, float], runs: int) -> str:
+def _table(group: Group) -> pd.DataFrame:
+    """The group's speedups (one row per method x subtask) for the methods it reports."""
+    methods = [r.method for r in group.results]
+    table = group.speedups
+    return table[table.index.get_level_values("method").isin(methods)]
+
+
+def _speedup_cell(row: pd.Series, runs: int) -> str:
     cell = f"{_fmt(row['speedup'])}x"
     return cell + (f" ± {_fmt(row['speedup_std'])}" if runs > 1 else "")
 
@@ -42,11 +52,13 @@ def _speedup_cell(row: dict[str, float], runs: int) -> str:
 def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
     subtasks = _subtasks(group)
     headers = ["Method", *[SUBTASK_TITLES[s] for s in subtasks], "#Mean Accepted Tokens", "Overall"]
-    rows = []
-    for r in group.results:
-        rows.append([r.method, *[_speedup_cell(r.rows[s], r.runs) if s in r.rows else "-" for s in subtasks],
-                     _fmt(r.rows["overall"]["mean_accepted"]), _speedup_cell(r.rows["overall"], r.runs)])
-    return headers, rows
+    runs = {r.method: r.runs for r in group.results}
+    table = _table(group)
+    cells = pd.Series([_speedup_cell(row, runs[m]) for (m, _), row in table.iterrows()], index=table.index)
+    wide = cells.unstack("subtask").reindex(index=list(runs), columns=[*subtasks, OVERALL]).fillna("-")
+    accepted = table["mean_accepted"].xs(OVERALL, level="subtask").map(_fmt)
+    wide.insert(len(subtasks), "accepted", accepted)
+    return headers, [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy().tolist())]
 
 
 def _split(r: MethodResult) -> str:
@@ -69,9 +81,10 @@ def _audit(r: MethodResult) -> str:
 def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
     headers = ["Method", "tok/s", "Overall 95% CI", "Per-depth acceptance", "Time split", "Lossless audit",
                "Drafting", "Verification", "Training", "Extra params"]
+    overall = _table(group).xs(OVERALL, level="subtask")
     rows = []
     for r in group.results:
-        o = r.rows["overall"]
+        o = overall.loc[r.method]
         depth = " ".join(f"{x:.2f}" for x in r.depth_acceptance[:8]) if r.depth_acceptance else "-"
         f = r.facts
         params = f.get("extra_parameters")
@@ -94,7 +107,7 @@ def environment_line(group: Group) -> str:
 
 def render_markdown(group: Group) -> str:
     runs = max((r.runs for r in group.results), default=0)
-    questions = group.results[0].rows["overall"]["questions"] if group.results else 0
+    questions = _table(group).loc[(group.results[0].method, OVERALL), "questions"] if group.results else 0
     parts = [
         f"# Leaderboard: {group.title}",
         "",
@@ -119,21 +132,15 @@ def render_markdown(group: Group) -> str:
 
 
 def write_csv(group: Group, path: Path) -> None:
-    subtasks = _subtasks(group) + ["overall"]
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        head: list[str] = ["method", "runs"]
-        for s in subtasks:
-            head += [f"{s}_speedup", f"{s}_speedup_std", f"{s}_ci_low", f"{s}_ci_high", f"{s}_mean_accepted",
-                     f"{s}_tokens_per_s"]
-        writer.writerow(head)
-        for r in group.results:
-            row: list[Any] = [r.method, r.runs]
-            for s in subtasks:
-                x = r.rows.get(s, {})
-                row += [round(x.get(k, float("nan")), 4) for k in
-                        ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "tokens_per_s")]
-            writer.writerow(row)
+    """One row per method: runs, then for each subtask (and overall) its CSV_METRICS."""
+    subtasks = [*_subtasks(group), OVERALL]
+    wide = _table(group)[list(CSV_METRICS)].apply(lambda col: col.map(lambda x: round(x, 4))).unstack("subtask")
+    wide = wide.swaplevel(axis=1).reindex(index=[r.method for r in group.results],
+                                          columns=[(s, k) for s in subtasks for k in CSV_METRICS])
+    wide.columns = [f"{s}_{k}" for s, k in wide.columns]
+    wide.insert(0, "runs", [r.runs for r in group.results])
+    wide.index.name = "method"
+    wide.to_csv(path, na_rep="nan", lineterminator="\r\n", encoding="utf-8")
 
 
 def _tex_escape(text: str) -> str:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
+from specbench.run.registry import discover, register_with_hydra
 
 GROUPS = ("model", "method", "task", "dataset", "sweep")
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -36,8 +37,10 @@ def _values(text: str) -> list[str]:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Reject unknown group options and unknown keys before Hydra sees them."""
+    """Reject unknown group options and unknown keys before Hydra sees them. Methods come from
+    the registry (built-in, methods/ folder, the command line's search path, entry points)."""
     keys = top_level_keys()
+    registry = register_with_hydra(discover(overrides))
     for before, item in zip([""] + overrides, overrides):
         if item.startswith("-") or before in HYDRA_VALUE_FLAGS:
             continue
@@ -48,7 +51,11 @@ def check_overrides(overrides: list[str]) -> None:
         if key.startswith("hydra") or item.startswith(("+", "~")):
             continue
         root = key.split(".", 1)[0].split("@", 1)[0]
-        if key in GROUPS:
+        if key == "method":
+            for name in _values(value):
+                if name not in registry:
+                    raise registry.unknown(name)
+        elif key in GROUPS:
             known = options(key)
             for name in _values(value):
                 if name not in known:
@@ -66,6 +73,9 @@ def check_compose(overrides: list[str]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     plain = [o for o in overrides if "=" in o and not o.startswith(("-", "hydra"))]
+    register_with_hydra(registry := discover(overrides))
+    if registry.search:
+        plain.append(f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]")
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         try:
             compose("config", overrides=plain)

@@ -14,18 +14,23 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.questions import sha256_of
+from specbench.core.resources import source_checkout
 from specbench.models import LoadedModel
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Method config keys that only label a method for people (tables, figures, suites): changing them
 #: must not make an answer folder refuse to resume.
 PRESENTATION_KEYS = ("facts", "suites")
 
 
 def git_commit() -> str | None:
+    """The source checkout's commit (`-dirty` with local changes); None for an installed wheel, whose
+    site-packages may sit inside some other git repository."""
+    root = source_checkout()
+    if root is None or not (root / ".git").exists():
+        return None
     try:
         out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
+            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=40"],
             capture_output=True, text=True, timeout=10, check=True,
         )
     except (OSError, subprocess.SubprocessError):
@@ -62,13 +67,12 @@ def weights_fingerprint(folder: str) -> str | None:
 
 
 def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """What must not change between a run and its resumption."""
+    """What must not change between a run and its resumption (labels for people excluded)."""
     return {
         "dataset": cfg.dataset.name,
         "model": cfg.model.path,
         "template": cfg.model.template,
-        "method": {k: v for k, v in OmegaConf.to_container(method_cfg, resolve=True).items()
-                   if k not in PRESENTATION_KEYS},
+        "method": _without_labels(OmegaConf.to_container(method_cfg, resolve=True)),
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
         "top_k": cfg.top_k,
@@ -76,3 +80,15 @@ def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dic
         "seed": cfg.seed,
         "dtype": str(dtype).removeprefix("torch."),
     }
+
+
+def _without_labels(method: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in method.items() if k not in PRESENTATION_KEYS}
+
+
+def comparable_identity(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored identity as `identity()` makes it today: folders written before labels left the
+    identity (their method entry still has `facts`) resume all the same."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("method"), dict):
+        return stored
+    return {**stored, "method": _without_labels(stored["method"])}

@@ -41,7 +41,7 @@ from specbench.engine.api import Method
 from specbench.models import load_model, resolve_device, resolve_dtype
 from specbench.run.config import check_values, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
-from specbench.run.provenance import environment, identity, weights_fingerprint
+from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
 from specbench.run.registry import build_method
 from specbench.run.shards import shard, shard_dir
 
@@ -159,6 +159,7 @@ class Session:
         folder.mkdir(parents=True, exist_ok=True)
         write_meta(folder / META, {
             "identity": ident,
+            "facts": OmegaConf.to_container(method_cfg.facts, resolve=True) if method_cfg.get("facts") else {},
             "config": OmegaConf.to_container(self.cfg, resolve=True),
             "environment": environment(self.target),
             "target_parameters": sum(p.numel() for p in self.target.model.parameters()),
@@ -179,8 +180,9 @@ class Session:
         if self.cfg.overwrite and folder.exists():
             shutil.rmtree(folder)
         meta = read_meta(folder / META)
-        if meta is not None and meta.get("identity") != ident:
-            changed = sorted(k for k in ident if meta.get("identity", {}).get(k) != ident[k])
+        stored = comparable_identity(meta.get("identity")) if meta is not None else None
+        if meta is not None and stored != ident:
+            changed = sorted(k for k in ident if (stored or {}).get(k) != ident[k])
             raise SpecbenchError(
                 f"{folder} holds answers made with a different config ({', '.join(changed)} differ); "
                 "use overwrite=true to replace them or output_dir=... to keep both"

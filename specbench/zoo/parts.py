@@ -89,13 +89,15 @@ def _train_heads(zoo: Path, out: Path) -> dict:
 
 
 def resolve(name: str) -> Path:
-    """The folder a `zoo:NAME` spec names: a zoo model, a head, or the REST datastore."""
+    """The folder a `zoo:NAME` spec names: a zoo model, a head, the REST datastore, or a data file."""
     if name in HEADS:
         return ensure_heads() / name
     if name == "datastore":
         return zoo_datastore()
     if name == "calibration":
         return calibration_file()
+    if name == "corpus":
+        return corpus_file()
     return ensure_zoo() / name
 
 
@@ -141,4 +143,18 @@ def calibration_file(n: int = 16, seed: int = 977) -> Path:
     path = zoo_root() / f"calibration-{synth.GENERATOR_VERSION}-{seed}-{n}.jsonl"
     if not path.is_file():
         write_atomic(path, questions_jsonl(synth.make_corpus(n, seed=seed)))
+    return path
+
+
+def corpus_file() -> Path:
+    """The zoo's training conversations as Spec-Bench shaped JSONL (`turns` + `reference`), the
+    corpus of `zoo:corpus`: written once next to the zoo, `<zoo hash>.corpus.jsonl`, no zoo build needed."""
+    from specbench.core.questions import questions_jsonl, write_atomic
+    from specbench.zoo import data as zoo_data
+    from specbench.zoo.store import zoo_hash, zoo_root
+
+    cfg = load_zoo_config()
+    path = zoo_root() / f"{zoo_hash(cfg)}.corpus.jsonl"
+    if not path.is_file():
+        write_atomic(path, questions_jsonl(zoo_data.conversations(cfg, "train")))
     return path

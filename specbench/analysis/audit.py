@@ -1,0 +1,86 @@
+"""Looking inside a method's answers: lossless audit, acceptance by length and depth, time split."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pandas as pd
+
+from specbench.analysis.frame import SECTION
+from specbench.analysis.runs import Run
+from specbench.core.answers import EXTRA_KEY
+
+
+def accept_histogram(runs: list[Run]) -> Counter:
+    """Decoding steps by the number of tokens they emitted (bonus included)."""
+    return Counter(a for run in runs for r in run.records for a in r["choices"][0]["accept_lengths"])
+
+
+def depth_acceptance(runs: list[Run]) -> list[float] | None:
+    """Per-depth acceptance: of the steps whose draft reached depth d, the share that
+    accepted a token at depth d (from the engine's `position_drafted` / `position_accepted`)."""
+    drafted: Counter = Counter()
+    accepted: Counter = Counter()
+    for run in runs:
+        for r in run.records:
+            for stats in r.get(EXTRA_KEY, {}).get("stats", []):
+                for d, (n, a) in enumerate(zip((stats or {}).get("position_drafted", []),
+                                               (stats or {}).get("position_accepted", []))):
+                    drafted[d] += n
+                    accepted[d] += a
+    if not drafted:
+        return None
+    return [accepted[d] / drafted[d] if drafted[d] else 0.0 for d in range(max(drafted) + 1)]
+
+
+def time_split(rows: pd.DataFrame) -> dict[str, float] | None:
+    """Shares of wall time in tidy-frame rows: prefill, each timed section (draft, verify, ...),
+    and the rest (bookkeeping). None when no section was timed."""
+    sections = sorted(c for c in rows.columns if c.startswith(SECTION) and rows[c].notna().any())
+    total = rows["wall_time"].sum()
+    if not total or not sections:
+        return None
+    split = {"prefill": rows["prefill_time"].sum() / total}
+    split.update({c.removeprefix(SECTION): rows[c].sum() / total for c in sections})
+    split = {k: float(v) for k, v in split.items()}
+    split["other"] = max(0.0, 1.0 - sum(split.values()))
+    return split
+
+
+def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: float) -> dict[str, Any]:
+    """Greedy runs only: which answers equal the baseline's token for token; for each
+    mismatch the first diverging position and whether the baseline's top-2 logit margin
+    there was a numerical near-tie (<= tie_margin) or not (a bug)."""
+    base_by_run = {r.run: r for r in base_runs}
+    compared = equal = 0
+    mismatches = []
+    for run in method_runs:
+        base = {r["question_id"]: r for r in base_by_run.get(run.run, base_runs[0]).records}
+        for record in run.records:
+            ref = base.get(record["question_id"])
+            if ref is None or EXTRA_KEY not in record or EXTRA_KEY not in ref:
+                continue
+            compared += 1
+            diverge = first_divergence(record[EXTRA_KEY]["output_ids"], ref[EXTRA_KEY]["output_ids"])
+            if diverge is None:
+                equal += 1
+                continue
+            turn, pos = diverge
+            ref_stats = ref[EXTRA_KEY].get("stats") or []
+            margins = ((ref_stats[turn] or {}).get("top2_margin") or []) if turn < len(ref_stats) else []
+            margin = margins[pos] if pos < len(margins) else None
+            mismatches.append({
+                "run": run.run, "question_id": record["question_id"], "turn": turn, "position": pos,
+                "margin": margin, "near_tie": margin is not None and margin <= tie_margin,
+            })
+    return {"compared": compared, "equal": equal, "mismatches": mismatches, "tie_margin": tie_margin}
+
+
+def first_divergence(ours: list[list[int]], ref: list[list[int]]) -> tuple[int, int] | None:
+    """(turn, position) of the first token where two answers differ; None when equal."""
+    for turn, (a, b) in enumerate(zip(ours, ref)):
+        if a != b:
+            pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return turn, pos
+    return None

@@ -1,0 +1,148 @@
+"""The tidy frame (one row per question x turn x method x run) and the one speedup computation.
+
+Upstream Spec-Bench definitions (speed.py), kept as the default so numbers are comparable:
+- tokens/s of a question = sum(new_tokens) / sum(wall_time) over its turns;
+- a method's speedup on a subtask = mean of its per-question tokens/s / mean of the baseline's
+  over the same questions, the baseline run paired by run number (else the baseline's first
+  run); mean over runs, ± sample std (ddof=1), 95% paired bootstrap interval over questions;
+- #mean accepted tokens = mean over all decoding steps of accept_lengths (bonus included,
+  1.00 for autoregressive decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specbench.analysis.runs import BASELINE, Run
+from specbench.core.answers import EXTRA_KEY
+from specbench.core.questions import SUBTASKS, subtask_of
+
+KEYS = ["dataset", "model", "temperature", "method", "run", "question_id", "category", "subtask", "turn"]
+MEASURES = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "prefill_time"]
+SECTION = "section_"  # prefix of the per-section time columns (section_draft, section_verify, ...)
+OVERALL = "overall"
+ORDER = [*SUBTASKS, OVERALL]
+METRICS = ["speedup", "speedup_std", "ci_low", "ci_high", "tokens_per_s", "tokens_per_s_std",
+           "baseline_tokens_per_s", "mean_accepted", "questions", "runs"]
+BOOTSTRAP_SAMPLES = 1000
+
+
+def tidy(runs: Iterable[Run], *, upstream_tokenizer: Any = None) -> pd.DataFrame:
+    """One row per question x turn x method x run (columns KEYS, MEASURES, then sections).
+
+    `ref_tokens` is what counts when the row serves as the baseline's reference: its new tokens,
+    or with `upstream_tokenizer` the baseline's text re-tokenised as upstream speed.py counts it
+    (`len(tokenizer(turn).input_ids) - 1`)."""
+    rows = [row for run in runs for record in run.records
+            for row in _turn_rows(run, record, upstream_tokenizer if run.method == BASELINE else None)]
+    sections = sorted({k for row in rows for k in row if k.startswith(SECTION)})
+    return pd.DataFrame(rows, columns=[*KEYS, *MEASURES, *sections])
+
+
+def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dict[str, Any]]:
+    choice = record["choices"][0]
+    extra = record.get(EXTRA_KEY) or {}
+    prefill, sections = extra.get("prefill_time") or [], extra.get("sections") or []
+    accepts = _accepts_by_turn(choice)
+    for turn, (tokens, seconds) in enumerate(zip(choice["new_tokens"], choice["wall_time"])):
+        row = {
+            "dataset": run.dataset, "model": run.model, "temperature": run.temperature, "method": run.method,
+            "run": run.run, "question_id": record["question_id"], "category": record["category"],
+            "subtask": subtask_of(record["category"]), "turn": turn, "new_tokens": tokens,
+            "ref_tokens": tokens if tokenizer is None else len(tokenizer(choice["turns"][turn]).input_ids) - 1,
+            "wall_time": seconds, "steps": len(accepts[turn]), "accepted": sum(accepts[turn]),
+            "prefill_time": _float(prefill[turn] if turn < len(prefill) else None),
+        }
+        row.update({SECTION + k: v for k, v in ((sections[turn] if turn < len(sections) else None) or {}).items()})
+        yield row
+
+
+def _float(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _accepts_by_turn(choice: dict[str, Any]) -> list[list[int]]:
+    """accept_lengths is one list for all turns; cut it by decoding_steps when they add up,
+    else keep it whole on the first turn (the question's totals are what the metrics use)."""
+    accept, steps = choice.get("accept_lengths") or [], choice.get("decoding_steps") or []
+    turns = len(choice["new_tokens"])
+    if len(steps) != turns or sum(steps) != len(accept):
+        return [list(accept)] + [[] for _ in range(turns - 1)]
+    bounds = np.cumsum([0, *steps])
+    return [list(accept[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def per_question(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per method x run x question: its turns summed, and its tokens/s."""
+    sums = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted"]
+    grouped = frame.groupby(["method", "run", "question_id"], sort=True)
+    out = grouped[sums].sum().join(grouped["subtask"].first()).reset_index()
+    out["tokens_per_s"] = out["new_tokens"] / out["wall_time"]
+    out["ref_tokens_per_s"] = out["ref_tokens"] / out["wall_time"]
+    return out
+
+
+def pair_with_baseline(questions: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """`per_question` rows with `base_tokens_per_s`: the baseline's on the same question, from its
+    run of the same number (else its first run). Questions the baseline lacks are left out."""
+    base = questions.loc[questions["method"] == baseline, ["run", "question_id", "ref_tokens_per_s"]]
+    runs = sorted(base["run"].unique())
+    partner = questions["run"].where(questions["run"].isin(runs), runs[0] if runs else -1)
+    base = base.rename(columns={"run": "base_run", "ref_tokens_per_s": "base_tokens_per_s"})
+    return questions.assign(base_run=partner).merge(base, on=["base_run", "question_id"], how="inner")
+
+
+def with_overall(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows once under their subtask and once more under "overall"."""
+    return pd.concat([table, table.assign(subtask=OVERALL)], ignore_index=True)
+
+
+def sample_std(values: pd.Series) -> float:
+    """Sample standard deviation (ddof=1, as upstream); 0 for a single value."""
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def bootstrap_ratio_ci(ours: np.ndarray, base: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95% paired bootstrap interval over questions of mean(ours) / mean(base)."""
+    if len(ours) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(ours), size=(BOOTSTRAP_SAMPLES, len(ours)))
+    ratios = ours[idx].mean(axis=1) / base[idx].mean(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """One row per method x subtask (Spec-Bench order, then "overall"), columns METRICS.
+
+    A subtask's questions are those a method answered in some run where the baseline did too;
+    #mean accepted tokens and tokens/s count every run's answers to them."""
+    questions = per_question(frame)
+    pairs = with_overall(pair_with_baseline(questions, baseline))
+    keys = ["method", "subtask"]
+    if pairs.empty:
+        return pd.DataFrame(columns=METRICS, index=pd.MultiIndex.from_tuples([], names=keys))
+    per_run = pairs.groupby([*keys, "run"]).agg(ours=("tokens_per_s", "mean"), base=("base_tokens_per_s", "mean"))
+    per_run["speedup"] = per_run["ours"] / per_run["base"]
+    runs = per_run.groupby(level=keys)
+    out = pd.DataFrame({"speedup": runs["speedup"].mean(), "speedup_std": runs["speedup"].agg(sample_std),
+                        "baseline_tokens_per_s": runs["base"].mean(), "runs": runs.size()})
+    per_q = pairs.groupby([*keys, "question_id"]).agg(ours=("tokens_per_s", "mean"), base=("base_tokens_per_s", "mean"))
+    ci = {key: bootstrap_ratio_ci(g["ours"].to_numpy(), g["base"].to_numpy()) for key, g in per_q.groupby(level=keys)}
+    out["ci_low"] = pd.Series({k: v[0] for k, v in ci.items()})
+    out["ci_high"] = pd.Series({k: v[1] for k, v in ci.items()})
+    out["questions"] = per_q.groupby(level=keys).size()
+    answered = with_overall(questions).merge(per_q.index.to_frame(index=False), on=[*keys, "question_id"])
+    sums = answered.groupby(keys)[["accepted", "steps"]].sum()
+    out["mean_accepted"] = sums["accepted"] / sums["steps"]
+    run_tps = answered.groupby([*keys, "run"])["tokens_per_s"].mean().groupby(level=keys)
+    out["tokens_per_s"] = run_tps.mean()
+    out["tokens_per_s_std"] = run_tps.agg(sample_std)
+    rank = {name: i for i, name in enumerate(ORDER)}
+    out = out.sort_index(level=["method", "subtask"], key=lambda idx: idx.map(rank) if idx.name == "subtask" else idx)
+    return out[METRICS]
