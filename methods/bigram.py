@@ -22,10 +22,11 @@ from specbench.engine import DraftContext, Drafter, DraftTree, Prefilled, Specul
 
 @dataclass
 class Settings:
-    """The method's settings: the YAML's keys besides name, impl, facts and suites."""
+    """The method's settings: the YAML's keys besides name, impl, facts and suites. Types and
+    meaning live here, values in bigram.yaml (declared once; a missing key is an error)."""
 
-    max_draft: int = 6  # longest chain proposed per step
-    from_prompt: bool = True  # learn successors from the prompt too, not only from the output
+    max_draft: int  # longest chain proposed per step
+    from_prompt: bool  # learn successors from the prompt too, not only from the output
 
 
 class BigramDrafter(Drafter):

@@ -89,7 +89,7 @@ def test_it_is_listed_with_its_source(bigram_run):
 
 def test_drafter_follows_the_most_recent_successor():
     module = registry.load_module_file(REPO / "methods" / "bigram.py")
-    drafter = module.BigramDrafter(module.Settings(max_draft=6))
+    drafter = module.BigramDrafter(module.Settings(max_draft=6, from_prompt=True))
     prompt = [1, 2, 3, 1, 4]  # 1 -> 4 (the later successor wins), 2 -> 3, 3 -> 1
     import torch
 
