@@ -94,7 +94,8 @@ def _train_stage(ctx: BuildContext, name: str, offset: int, teacher: str | None)
     model = train.make_model(section.arch, tokenizer, int(cfg.max_position_embeddings), ctx.seed(offset),
                              int(cfg.bench.max_new_tokens))
     stats = train.train(model, ctx.state["train_rows"], section.train, seed=ctx.seed(offset), desc=f"zoo {name}",
-                        teacher=ctx.model(teacher) if teacher else None)
+                        teacher=ctx.model(teacher) if teacher else None,
+                        compute_dtype=train.autocast_dtype(str(cfg.train_dtype)))
     model.save_pretrained(ctx.out / name)
     # The chat template goes into tokenizer_config.json, where every transformers version reads it.
     tokenizer.save_pretrained(ctx.out / name, save_jinja_files=False)

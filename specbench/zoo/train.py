@@ -94,18 +94,34 @@ class TrainStats:
                 "tokens_per_s": round(self.tokens_per_s), "final_loss": round(self.final_loss, 4)}
 
 
+def autocast_dtype(name: str) -> torch.dtype | None:
+    """The dtype training computes in: `float32`, `bfloat16`, or `auto` = bfloat16 where the CPU
+    has native bf16 matrix units (AMX or AVX512-BF16: about 1.6x faster steps on the 2-core
+    machine, weights still kept and saved in float32), float32 elsewhere (bf16 would be emulated)."""
+    if name == "auto":
+        native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+        return torch.bfloat16 if native else None
+    if name not in ("float32", "bfloat16"):
+        raise ValueError(f"train dtype must be auto, float32 or bfloat16, got {name!r}")
+    return torch.bfloat16 if name == "bfloat16" else None
+
+
 def lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
-            teacher: torch.nn.Module | None, kd_alpha: float, temperature: float) -> torch.Tensor:
-    """Cross-entropy on the next token, mixed with forward KL(teacher || model) when distilling."""
-    logits = model(input_ids=input_ids).logits[:, :-1]
+            teacher: torch.nn.Module | None, kd_alpha: float, temperature: float,
+            compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Cross-entropy on the next token, mixed with forward KL(teacher || model) when distilling.
+    Forwards run under CPU autocast when `compute_dtype` is given; losses are taken in float32."""
+    with torch.autocast("cpu", dtype=compute_dtype or torch.bfloat16, enabled=compute_dtype is not None):
+        logits = model(input_ids=input_ids).logits[:, :-1].float()
     targets = labels[:, 1:]
     keep = targets != -100
     logits, targets = logits[keep], targets[keep]
     ce = F.cross_entropy(logits, targets)
     if teacher is None or kd_alpha <= 0:
         return ce
-    with torch.no_grad():
-        t_logits = teacher(input_ids=input_ids).logits[:, :-1][keep]
+    with torch.no_grad(), torch.autocast("cpu", dtype=compute_dtype or torch.bfloat16,
+                                         enabled=compute_dtype is not None):
+        t_logits = teacher(input_ids=input_ids).logits[:, :-1][keep].float()
         t_logp = F.log_softmax(t_logits / temperature, dim=-1)
     s_logp = F.log_softmax(logits / temperature, dim=-1)
     # T^2 keeps the gradient scale independent of the temperature (Hinton et al.).
@@ -114,7 +130,7 @@ def lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tenso
 
 
 def train(model: torch.nn.Module, data: Packed, tcfg: DictConfig, *, seed: int, desc: str,
-          teacher: torch.nn.Module | None = None) -> TrainStats:
+          teacher: torch.nn.Module | None = None, compute_dtype: torch.dtype | None = None) -> TrainStats:
     """AdamW over the packed rows with warmup + cosine decay; a tqdm bar shows loss and tokens/s."""
     torch.manual_seed(seed)
     model.train()
@@ -133,7 +149,7 @@ def train(model: torch.nn.Module, data: Packed, tcfg: DictConfig, *, seed: int, 
         # Trim the all-padding tail of the batch: less compute for the same loss.
         width = int((labels != -100).any(0).nonzero().max()) + 1
         input_ids, labels = input_ids[:, :width], labels[:, :width]
-        loss = lm_loss(model, input_ids, labels, teacher, kd_alpha, temperature)
+        loss = lm_loss(model, input_ids, labels, teacher, kd_alpha, temperature, compute_dtype)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(tcfg.grad_clip))
