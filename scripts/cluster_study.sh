@@ -37,31 +37,12 @@ EXTRA=${EXTRA:-}
 SPECBENCH=${SPECBENCH:-specbench}
 DRY_RUN=${DRY_RUN:-0}
 
-for arg in "$@"; do
-    case $arg in
-        --dry-run) DRY_RUN=1 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "error: unknown argument '$arg'; use --dry-run or --help" >&2; exit 2 ;;
-    esac
-done
+source "$(dirname "${BASH_SOURCE[0]}")/lib/study.sh"
+parse_study_args "$@"
 case $LAUNCHER in
     slurm|ray_local) ;;
     *) echo "error: unknown LAUNCHER '$LAUNCHER'; use slurm or ray_local (configs/hydra/launcher/)" >&2; exit 2 ;;
 esac
-if [[ $MODEL == local && -z $MODEL_PATH ]]; then
-    echo "error: MODEL=local needs MODEL_PATH (a hub id or model folder)" >&2
-    exit 2
-fi
-
-# Print a command (quoted where the shell needs it); run it unless this is a dry run.
-run() {
-    local line="+" arg
-    for arg in "$@"; do
-        if [[ $arg =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then line+=" $arg"; else line+=" $(printf '%q' "$arg")"; fi
-    done
-    echo "$line"
-    [[ $DRY_RUN == 1 ]] || "$@"
-}
 absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 
 read -r -a CLI <<<"$SPECBENCH"

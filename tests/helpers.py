@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,3 +39,18 @@ def specbench(*args: str, cwd: Path, check: bool = False, timeout: float = 600) 
     if check and proc.returncode != 0:
         raise AssertionError(f"specbench {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def start_specbench(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
+    """Start `python -m specbench ARGS` in the background (to kill or interrupt it mid-run)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    popen.setdefault("stdout", subprocess.DEVNULL)
+    popen.setdefault("stderr", subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", "specbench", *args], cwd=cwd, env=env, **popen)
+
+
+def wait_for_answers(path: Path, n: int, timeout: float = 300) -> None:
+    """Poll until the answer file holds at least `n` complete lines (or the timeout passes)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < n):
+        time.sleep(0.05)

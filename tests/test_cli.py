@@ -1,15 +1,11 @@
 """End to end through `python -m specbench`: answer files, resuming, summary, bad input."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from helpers import OFFICIAL, REPO, specbench, write_questions
+from helpers import OFFICIAL, specbench, start_specbench, wait_for_answers, write_questions
 from specbench.core.answers import read_answers
 
 UPSTREAM_KEYS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
@@ -66,13 +62,9 @@ def test_killed_run_resumes_without_duplicates(tiny_models, tmp_path):
     questions = write_questions(tmp_path / "q.jsonl", per_category=3)
     out = tmp_path / "results"
     args = base_args(tiny_models["llama"], questions, out, "max_new_tokens=24")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specbench", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_specbench(args, tmp_path)
     path = answers_file(out)
-    deadline = time.time() + 300
-    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < 2):
-        time.sleep(0.05)
+    wait_for_answers(path, 2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     kept = read_answers(path)

@@ -1,15 +1,12 @@
 """Faults: failing questions, Ctrl-C, unwritable results, shards, parallel launchers."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 
 from test_cli import answers_file, base_args
 
-from helpers import REPO, specbench, write_questions
+from helpers import specbench, start_specbench, wait_for_answers, write_questions
 from specbench.analysis import report
 from specbench.core.answers import read_answers
 
@@ -45,13 +42,9 @@ def test_ctrl_c_keeps_answers_and_says_how_far(tiny_models, tmp_path):
     questions = write_questions(tmp_path / "q.jsonl", per_category=10)
     out = tmp_path / "results"
     args = base_args(tiny_models["llama"], questions, out, "max_new_tokens=200")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specbench", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_specbench(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     path = answers_file(out)
-    deadline = time.time() + 300
-    while time.time() < deadline and (not path.exists() or path.read_text().count("\n") < 1):
-        time.sleep(0.05)
+    wait_for_answers(path, 1)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
