@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -133,28 +134,30 @@ def build_corpus_datastore(tokenizer: Any, items: list[dict], out: Path, source:
     return ds.build(zoo_data.encode_items(tokenizer, items), tokenizer, out, source=source, progress=True)
 
 
+def _questions_file(path: Path, items: Callable[[], Iterable[dict]]) -> Path:
+    """`path`, written once (atomically) from `items()` as a question-format JSONL file."""
+    from specbench.core.questions import questions_jsonl, write_atomic
+
+    if not path.is_file():
+        write_atomic(path, questions_jsonl(items()))
+    return path
+
+
 def calibration_file(n: int = 16, seed: int = 977) -> Path:
     """Synthetic conversations (a seed of their own, not benchmark questions) as a question file,
     for calibrating searches such as self_spec's skip set; written once, no zoo build needed."""
     from specbench import synth
-    from specbench.core.questions import questions_jsonl, write_atomic
     from specbench.zoo.store import zoo_root
 
     path = zoo_root() / f"calibration-{synth.GENERATOR_VERSION}-{seed}-{n}.jsonl"
-    if not path.is_file():
-        write_atomic(path, questions_jsonl(synth.make_corpus(n, seed=seed)))
-    return path
+    return _questions_file(path, lambda: synth.make_corpus(n, seed=seed))
 
 
 def corpus_file() -> Path:
     """The zoo's training conversations as Spec-Bench shaped JSONL (`turns` + `reference`), the
     corpus of `zoo:corpus`: written once next to the zoo, `<zoo hash>.corpus.jsonl`, no zoo build needed."""
-    from specbench.core.questions import questions_jsonl, write_atomic
     from specbench.zoo import data as zoo_data
     from specbench.zoo.store import zoo_hash, zoo_root
 
     cfg = load_zoo_config()
-    path = zoo_root() / f"{zoo_hash(cfg)}.corpus.jsonl"
-    if not path.is_file():
-        write_atomic(path, questions_jsonl(zoo_data.conversations(cfg, "train")))
-    return path
+    return _questions_file(zoo_root() / f"{zoo_hash(cfg)}.corpus.jsonl", lambda: zoo_data.conversations(cfg, "train"))
