@@ -11,7 +11,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+from huggingface_hub.errors import StrictDataclassError
+from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.core.errors import SpecbenchError
@@ -96,9 +98,50 @@ def resolve_path(spec: str) -> str:
         if prefix == ZOO_PREFIX.rstrip(":"):
             raise SpecbenchError(f"'{spec}' names the embedded zoo, but specbench.zoo is not installed")
     expanded = os.path.expanduser(spec)
+    if Path(expanded).exists() and not Path(expanded).is_dir():
+        raise SpecbenchError(f"model path '{spec}' is a file, not a model folder; give the folder that holds "
+                             "config.json, the tokenizer and the weights")
     if expanded.startswith((".", "/", "~")) and not Path(expanded).is_dir():
         raise SpecbenchError(f"model folder '{spec}' does not exist; give an existing folder or a hub id")
     return expanded
+
+
+#: JSON files transformers reads from a model folder (others, e.g. trainer_state.json, are not checked).
+JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "added_tokens.json", "model.safetensors.index.json")
+#: Any one of these makes a folder's tokenizer loadable (fast, sentencepiece, BPE or WordPiece files).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
+def read_json_file(spec: str, path: Path) -> object:
+    """A model folder's JSON file, or a one-line error naming it (not JSON, not UTF-8, unreadable)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        problem = f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except UnicodeDecodeError:
+        problem = "is not UTF-8 text"
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or exc})"
+    raise SpecbenchError(f"model folder '{spec}': {path.name} {problem}; restore it from the model's source")
+
+
+def check_weights(spec: str, folder: Path) -> None:
+    """Open the header of every safetensors file: a truncated download or a file of something else
+    is named here, before transformers fails on it with a traceback."""
+    for path in sorted(folder.glob("*.safetensors")):
+        if path.is_dir():
+            raise SpecbenchError(f"model folder '{spec}': {path.name} is a folder, not a safetensors file")
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            reason = str(exc).removeprefix("Error while deserializing header: ")
+            raise SpecbenchError(
+                f"model folder '{spec}': {path.name} is not a complete safetensors file ({reason}); "
+                "it may be truncated or damaged: download or copy it again"
+            ) from None
 
 
 def check_folder(spec: str, path: str, trust_remote_code: bool) -> None:
@@ -111,12 +154,36 @@ def check_folder(spec: str, path: str, trust_remote_code: bool) -> None:
         raise SpecbenchError(
             f"model folder '{spec}' has no config.json; point model.path at a Hugging Face model folder"
         )
-    config = json.loads(config_file.read_text(encoding="utf-8"))
+    found = {name: read_json_file(spec, folder / name) for name in JSON_FILES if (folder / name).is_file()}
+    for name, value in found.items():
+        if not isinstance(value, dict):
+            raise SpecbenchError(f"model folder '{spec}': {name} holds a JSON {type(value).__name__}, not an "
+                                 "object; restore it from the model's source")
+    config = found["config.json"]
     if config.get("auto_map") and config.get("model_type") not in CONFIG_MAPPING and not trust_remote_code:
         raise SpecbenchError(
             f"model '{spec}' needs its own code (auto_map in config.json); set model.trust_remote_code=true "
             "if you trust it"
         )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise SpecbenchError(
+            f"model folder '{spec}' has no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...); copy the tokenizer "
+            "files of the model into the folder"
+        )
+    check_weights(spec, folder)
+
+
+#: What transformers raises on a config, tokenizer or checkpoint it cannot use.
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, TypeError, KeyError, pickle.UnpicklingError, SafetensorError,
+               StrictDataclassError)
+
+
+def first_line(exc: BaseException) -> str:
+    """The gist of an exception in one line (two joined when the first only introduces the second)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def load_model(
@@ -128,13 +195,17 @@ def load_model(
     (transformers' default): a checkpoint that needs arbitrary unpickling is refused."""
     path = resolve_path(spec)
     check_folder(spec, path, trust_remote_code)
+    stage = "config"
     try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        stage = "tokenizer"
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None
+        stage = "weights"
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=None, output_loading_info=True,
+            ignore_mismatched_sizes=True,  # refused below, with the tensor named
         )
-    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except LOAD_ERRORS as exc:
         if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
             raise SpecbenchError(
                 f"refused to load '{spec}': its pickle checkpoint holds more than plain tensors "
@@ -144,6 +215,19 @@ def load_model(
             raise SpecbenchError(
                 f"model '{spec}' needs custom code; set model.trust_remote_code=true if you trust it"
             ) from exc
-        raise SpecbenchError(f"cannot load model '{spec}': {first}") from exc
+        what = {"config": "its config.json", "tokenizer": "its tokenizer", "weights": "its weights"}[stage]
+        raise SpecbenchError(f"cannot load model '{spec}' ({what}): {first_line(exc)}") from exc
+    if mismatched := sorted(info.get("mismatched_keys") or [], key=str):
+        key, stored, wanted = mismatched[0]
+        raise SpecbenchError(
+            f"model '{spec}': {len(mismatched)} weight(s) of the checkpoint do not have the shape config.json "
+            f"implies (e.g. {key}: {list(stored)} in the checkpoint, {list(wanted)} expected); the checkpoint "
+            "and config.json belong to different models"
+        )
+    if missing := sorted(info.get("missing_keys") or []):
+        raise SpecbenchError(
+            f"model '{spec}': the checkpoint lacks {len(missing)} weight(s) the model needs (e.g. {missing[0]}), "
+            "which would be random; the checkpoint is incomplete or for another architecture than config.json says"
+        )
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, path=path, device=device, dtype=dtype)

@@ -84,3 +84,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def earlier(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """(folder, results folder, arguments): a results folder that already holds a baseline run of
+    model=local on one qa question, and that run's arguments (bad-input cases add theirs)."""
+    from helpers import cli, write_questions
+
+    root = tmp_path_factory.mktemp("earlier")
+    questions = write_questions(root / "q.jsonl", per_category=1)
+    out = root / "results"
+    args = ["run", "model=local", f"model.path={tiny_models['llama']}", "dataset=spec_bench",
+            f"dataset.path={questions}", f"output_dir={out}", "max_new_tokens=8", "warmup=0", "progress=false",
+            "task=qa"]
+    done = cli(*args, cwd=root)
+    assert done.code == 0 and (out / "spec_bench" / "local" / "baseline").is_dir(), done
+    return root, out, args

@@ -1,5 +1,12 @@
 """Bad input gets a one-line error naming the problem and the fix; property tests of the
-question loader and the metric code."""
+question loader and the metric code.
+
+The catalogue below (`RUN_CASES`, `COMMAND_CASES`) runs each bad input through the command line
+in this process and asserts: exit code 2, exactly one `error:` line matching the case's
+pattern, no traceback, and the answers already on disk byte-identical afterwards. More cases
+of the catalogue live in test_bad_files.py (model, question, answer and reference files) and
+test_architectures.py (heads and train-head).
+"""
 
 import json
 import math
@@ -11,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_report import base_records, record, speedup_rows, write_run
 
-from helpers import specbench, write_questions
+from helpers import assert_one_line_error, cli, snapshot, specbench, write_questions
 from specbench.analysis import report
+from specbench.core.answers import read_answers
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import MT_BENCH_CATEGORIES, SUBTASKS, load_questions
 from specbench.models import load_model
@@ -88,9 +96,12 @@ def test_report_on_bad_answer_files(tmp_path):
     (other / "meta.json").write_text(json.dumps(meta))
     (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(root))]
     assert not group.results and any("different models" in p for p in group.problems)
-    (folder / "answers.jsonl").write_text('{"question_id": 1}\n{broken\n{"question_id": 2}\n')
-    proc = specbench("report", str(root), "--out", str(tmp_path / "lb"), cwd=tmp_path)
-    assert proc.returncode == 2 and "answers.jsonl:2: corrupt answer line" in proc.stderr
+    # a corrupt file is named and left out; the other runs (baseline and fast, one model) are still reported
+    (other / "answers.jsonl").write_text('{"question_id": 1}\n{broken\n{"question_id": 2}\n')
+    result = cli("report", str(root), "--out", str(tmp_path / "lb"), "--no-figures", cwd=tmp_path)
+    assert result.code == 0 and "Traceback" not in result.err and "| fast " in result.out, result
+    assert f"warning: {other / 'answers.jsonl'}:2: corrupt line" in result.err
+    assert "left out of the report" in result.err and "different models" not in result.err
 
 
 CATEGORY = st.sampled_from(MT_BENCH_CATEGORIES + SUBTASKS[1:])
@@ -138,3 +149,198 @@ def test_speedup_is_the_ratio_of_mean_throughputs(rows):
     assert overall["questions"] == len(rows)
     same = speedup_rows(base, base)
     assert all(math.isclose(r["speedup"], 1.0) for r in same)
+
+
+# --- the catalogue: settings and commands ---------------------------------------------------
+
+#: (id, overrides added to a valid run, pattern of the one error line)
+RUN_CASES = [
+    ("no-equals", ["temperature"], r"override 'temperature' has no '='"),
+    ("unknown-key", ["temprature=0.5"], r"unknown key 'temprature'; available keys:"),
+    ("unknown-nested-key", ["model.pathh=x"], r"pathh.*prefix a new key with \+"),
+    ("unknown-method", ["method=nope"], r"unknown method 'nope'; available: .*baseline"),
+    ("unknown-task", ["task=[qa,poetry]"], r"unknown task 'poetry'; available: all"),
+    ("unknown-model", ["model=gpt9"], r"unknown model 'gpt9'; available:"),
+    ("unknown-dataset", ["dataset=nope"], r"unknown dataset 'nope'; available:"),
+    ("unknown-sweep", ["sweep=nope"], r"unknown sweep 'nope'"),
+    ("temperature-negative", ["temperature=-1"], r"temperature must be a finite number >= 0"),
+    ("temperature-nan", ["temperature=nan"], r"temperature must be a finite number >= 0 .*, got nan"),
+    ("temperature-inf", ["temperature=inf"], r"temperature must be a finite number >= 0 .*, got inf"),
+    ("temperature-text", ["temperature=hot"], r"temperature must be a finite number"),
+    ("temperature-bool", ["temperature=true"], r"temperature must be a finite number"),
+    ("top-p-high", ["top_p=1.5"], r"top_p must be in \(0, 1\]"),
+    ("top-p-zero", ["top_p=0"], r"top_p must be in \(0, 1\]"),
+    ("top-p-nan", ["top_p=nan"], r"top_p must be in \(0, 1\]"),
+    ("top-k-negative", ["top_k=-1"], r"top_k must be an integer >= 0"),
+    ("top-k-float", ["top_k=1.5"], r"top_k must be an integer >= 0"),
+    ("max-new-zero", ["max_new_tokens=0"], r"max_new_tokens must be a positive integer"),
+    ("max-new-float", ["max_new_tokens=1e14"], r"max_new_tokens must be a positive integer"),
+    ("max-new-text", ["max_new_tokens=lots"], r"max_new_tokens must be a positive integer"),
+    ("max-new-beyond-context", ["max_new_tokens=100000000000000"],
+     r"max_new_tokens=100000000000000 does not fit the context of .* \(512 positions"),
+    ("max-new-at-context", ["max_new_tokens=512"], r"does not fit the context .*512 positions"),
+    ("limit-zero", ["limit=0"], r"limit must be a positive integer or null"),
+    ("limit-text", ["limit=all"], r"limit must be a positive integer or null"),
+    ("runs-zero", ["runs=0"], r"runs must be a positive integer"),
+    ("warmup-negative", ["warmup=-1"], r"warmup must be an integer >= 0"),
+    ("seed-text", ["seed=abc"], r"seed must be an integer >= 0, got 'abc'"),
+    ("seed-negative", ["seed=-1"], r"seed must be an integer >= 0"),
+    ("seed-float", ["seed=1.5"], r"seed must be an integer >= 0"),
+    ("threads-negative", ["threads=-2"], r"threads must be a positive integer or null"),
+    ("threads-zero", ["threads=0"], r"threads must be a positive integer or null"),
+    ("device-unknown", ["device=gpu"], r"device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    ("device-bad-index", ["device=cuda:x"], r"device must be auto, cpu, cuda or cuda:N"),
+    pytest.param(["device=cuda"], r"no CUDA device is visible", id="device-cuda-absent",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")),
+    ("dtype-unknown", ["dtype=float8"], r"dtype must be one of auto, float32, float16, bfloat16"),
+    ("model-dtype-unknown", ["model.dtype=int8"], r"model.dtype must be one of .* or null"),
+    ("template-unknown", ["model.template=foo"], r"model.template must be one of vicuna_v1.1, chat_template, plain"),
+    ("stop-strings-number", ["model.stop_strings=[1]"], r"model.stop_strings must be non-empty strings, got 1"),
+    ("stop-strings-empty", ["model.stop_strings=['']"], r"model.stop_strings must be non-empty strings"),
+    ("stop-strings-table", ["model.stop_strings={a:1}"], r"model.stop_strings"),
+    ("on-error-unknown", ["on_error=ignore"], r"on_error must be record or raise"),
+    ("overwrite-not-bool", ["overwrite=maybe"], r"overwrite must be true or false"),
+    ("baseline-not-bool", ["baseline=2"], r"baseline must be true or false"),
+    ("progress-not-bool", ["progress=yes"], r"progress must be true or false"),
+    ("shard-reversed", ["shard=3/2"], r"shard must look like i/n with 1 <= i <= n"),
+    ("shard-text", ["shard=half"], r"shard must look like i/n"),
+    ("shard-zero", ["shard=0/4"], r"shard must look like i/n"),
+    ("task-empty", ["task=[]"], r"no subtask selected|unknown task"),
+    ("model-path-empty", ["model.path="], r"model.path is not set"),
+    ("model-path-absent", ["model.path=/nonexistent/model"], r"/nonexistent/model.*does not exist"),
+    ("model-name-parent", ["model.name=../x"], r"model.name must be a plain folder name"),
+    ("method-name-slash", ["method.name=a/b"], r"method.name must be a plain folder name"),
+    ("dataset-name-hidden", ["dataset.name=.x"], r"dataset.name must be a plain folder name"),
+    ("dataset-path-absent", ["dataset.path=/nonexistent/q.jsonl"], r"question file /nonexistent/q.jsonl not found"),
+    ("method-impl-absent", ["method.impl=nowhere.Method"], r"nowhere"),
+    ("method-impl-not-method", ["method.impl=pathlib.Path"], r"pathlib.Path"),
+    ("method-setting-unknown", ["method=pld", "+method.num_pred=3"], r"method 'pld' has no setting 'num_pred'"),
+    ("method-setting-type", ["method=pld", "method.num_pred_tokens=many"], r"method 'pld': bad setting"),
+    ("method-setting-negative", ["method=pld", "method.num_pred_tokens=-1"],
+     r"method 'pld': setting 'num_pred_tokens' must be >= 1, got -1"),
+    ("method-setting-zero-size", ["method=recycling", "method.tree_size=0"], r"setting 'tree_size' must be >= 1"),
+    ("method-setting-probability", ["method=recycling", "method.decay=1.5"], r"setting 'decay' must be >= 0"),
+    ("method-setting-choice", ["method=pld", "method.match=middle"], r"unknown pld match 'middle'"),
+    ("sps-schedule", ["method=sps", "model.draft={qwen2}", "method.schedule=fast"], r"unknown schedule 'fast'"),
+    ("sps-no-draft", ["method=sps"], r"draft"),
+    ("sps-draft-absent", ["method=sps", "method.draft=/nonexistent/draft"], r"/nonexistent/draft.*does not exist"),
+    ("lookahead-level", ["method=lookahead", "method.level=0"], r"setting 'level' must be >= 1|level"),
+    ("rest-datastore-absent", ["method=rest", "method.datastore=/nonexistent/ds"], r"/nonexistent/ds"),
+    ("eagle-head-absent", ["method=eagle", "method.head=/nonexistent/head"], r"/nonexistent/head"),
+    ("medusa-no-head", ["method=medusa", "method.head=null"], r"head"),
+]
+
+
+def case_params(cases):
+    return [pytest.param(*c[1:], id=c[0]) if type(c) is tuple else c for c in cases]
+
+
+@pytest.mark.parametrize("overrides, pattern", case_params(RUN_CASES))
+def test_bad_run_settings(earlier, tiny_models, overrides, pattern):
+    root, out, args = earlier
+    before = snapshot(out)
+    result = cli(*args, *(o.replace("{qwen2}", str(tiny_models["qwen2"])) for o in overrides), cwd=root)
+    assert_one_line_error(result, pattern)
+    assert snapshot(out) == before
+
+
+#: (id, command line, pattern): commands other than run, and run's command-line shape
+COMMAND_CASES = [
+    ("unknown-command", ["frobnicate"], r"unknown command in 'frobnicate'; commands: run"),
+    ("flags-before-report", ["-m", "report"], r"flags before 'report' only apply to run"),
+    ("sweep-unknown-method", ["-m", "run", "method=pld,nope"], r"unknown method 'nope'"),
+    ("data-unknown-action", ["data", "frobnicate"], r"data: argument action: invalid choice"),
+    ("data-seed-text", ["data", "synth", "--seed", "x"], r"argument --seed: invalid int value"),
+    ("report-unknown-flag", ["report", "--colour"], r"unrecognized arguments: --colour"),
+    ("report-tie-margin-text", ["report", "--tie-margin", "wide"], r"--tie-margin: invalid float value"),
+    ("check-unknown-flag", ["check", "--fast"], r"unrecognized arguments: --fast"),
+    ("check-unknown-setting", ["check", "tolerance.speed=1"], r"unknown check setting 'tolerance.speed'"),
+    ("check-setting-text", ["check", "tolerance.speedup_rel_min=abc"], r"tolerance.speedup_rel_min must be a number"),
+    ("check-setting-negative", ["check", "tolerance.noise_sigmas=-1"], r"tolerance.noise_sigmas must be a number >= 0"),
+    ("check-no-results", ["check", "--results", "nowhere"], r"results folder nowhere does not exist"),
+    ("methods-unknown-flag", ["methods", "--all"], r"unrecognized arguments: --all"),
+    ("recommend-training", ["recommend", "--memory-gb", "1", "--training", "maybe"], r"--training: invalid choice"),
+    ("recommend-memory-text", ["recommend", "--memory-gb", "lots", "--training", "no"], r"--memory-gb: invalid float"),
+    ("recommend-memory-negative", ["recommend", "--memory-gb", "-1", "--training", "no"],
+     r"--memory-gb must be a positive number"),
+    ("zoo-unknown-action", ["zoo", "frobnicate"], r"invalid choice: 'frobnicate'"),
+    ("datastore-missing-args", ["datastore", "build"], r"the following arguments are required: --corpus"),
+]
+
+
+@pytest.mark.parametrize("argv, pattern", case_params(COMMAND_CASES))
+def test_bad_commands(earlier, argv, pattern):
+    root, out, _ = earlier
+    before = snapshot(out)
+    assert_one_line_error(cli(*argv, cwd=root), pattern)
+    assert snapshot(out) == before
+
+
+def test_a_scalar_stop_string_is_one_string(earlier, tmp_path):
+    """`model.stop_strings=abc` is the stop string "abc", not the three strings a, b, c (which
+    cut every answer after a few tokens)."""
+    root, out, args = earlier
+    result = cli(*args, "model.stop_strings=ab", f"output_dir={tmp_path / 'r'}", cwd=root)
+    assert result.code == 0, result
+    (meta,) = (tmp_path / "r").rglob("meta.json")
+    assert json.loads(meta.read_text())["config"]["model"]["stop_strings"] == ["ab"]
+    (answers,) = (tmp_path / "r").rglob("answers.jsonl")
+    (plain,) = out.rglob("answers.jsonl")
+    cut, full = (json.loads(p.read_text().splitlines()[0])["choices"][0] for p in (answers, plain))
+    assert "ab" not in " ".join(full["turns"]) and cut["new_tokens"] == full["new_tokens"]
+
+
+@pytest.fixture(scope="module")
+def short_gpt2(tiny_models, tmp_path_factory):
+    """A tiny GPT-2 (learned positions: a position past the context is an IndexError) of 64 positions."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_answers_are_cut_to_the_context_for_every_method_alike(short_gpt2, tmp_path):
+    """max_new_tokens=60 on a 64-position model: each prompt gets what the context leaves (the
+    same for every method), lookahead's window rows past the context are dropped, prompts
+    longer than the context fail alone, and every answer equals the baseline's."""
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    out = tmp_path / "r"
+    args = ["run", "model=local", f"model.path={short_gpt2}", "dataset=spec_bench", f"dataset.path={questions}",
+            f"output_dir={out}", "max_new_tokens=60", "warmup=0", "progress=false", "task=[qa,rag,translation]"]
+    for method in ("lookahead", "jacobi", "pld"):
+        result = cli(*args, f"method={method}", cwd=tmp_path)
+        assert result.code == 0 and "failed" not in result.err, result
+    base = {r["question_id"]: r for r in read_answers(next(out.rglob("baseline/**/answers.jsonl")))}
+    assert len(base) == 3
+    for answer in base.values():
+        extra = answer["specbench"]
+        budget = extra["max_new_tokens"][0]
+        assert budget == 64 - extra["prompt_tokens"][0] < 60 and len(extra["output_ids"][0]) <= budget
+    for method in ("lookahead", "jacobi", "pld"):
+        records = read_answers(next(out.rglob(f"{method}/**/answers.jsonl")))
+        assert {r["question_id"]: r["specbench"]["output_ids"] for r in records} == \
+               {q: r["specbench"]["output_ids"] for q, r in base.items()}
+
+
+@pytest.mark.parametrize("damage, pattern", [
+    pytest.param('{"identity": ', r"meta.json cannot be read \(.*\); restore it, or start that run over with "
+                                  r"overwrite=true", id="meta-torn"),
+    pytest.param("[1]", r"meta.json is not a JSON object", id="meta-a-list"),
+    pytest.param(b"\xff\xfe", r"meta.json cannot be read", id="meta-not-utf8"),
+])
+def test_resuming_over_a_damaged_meta_file(earlier, tmp_path, damage, pattern):
+    import shutil
+
+    root, out, args = earlier
+    copy = shutil.copytree(out, tmp_path / "results")
+    (meta,) = copy.rglob("meta.json")
+    meta.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
+    before = snapshot(copy)
+    assert_one_line_error(cli(*args, f"output_dir={copy}", cwd=root), pattern)
+    assert snapshot(copy) == before

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, StaticCache
 
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
@@ -27,7 +27,7 @@ from specbench.engine import (
     verify_greedy,
     verify_sampled,
 )
-from specbench.engine.target import static_tree_problem
+from specbench.engine.target import sliding_window, static_tree_problem, window_problem
 from specbench.models import LoadedModel, load_model
 from specbench.run.registry import build_method
 
@@ -321,16 +321,23 @@ def test_models_without_tree_attention_fall_back_to_chains(tiny_models):
 
 @torch.inference_mode()
 def test_sliding_window_caches_are_reported():
+    """Dynamic sliding-window layers can be compacted (tree steps inside the window, first
+    branches beyond it: tests/test_sliding_window.py); static sliding layers cannot."""
     torch.manual_seed(0)
     config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=2, num_key_value_heads=1, sliding_window=16)
     model = AutoModelForCausalLM.from_config(config).eval()
     cache = LoadedModel(model, None, "mistral", CPU, torch.float32).new_cache()
-    assert "DynamicSlidingWindowLayer" in static_tree_problem(model, cache)
+    assert static_tree_problem(model, cache) is None and sliding_window(cache) == 16
+    assert "StaticSlidingWindowLayer" in static_tree_problem(model, StaticCache(config=config, max_cache_len=32))
+    tree = DraftTree(torch.arange(6), PARENTS)  # 7 rows, 4 positions
+    assert window_problem(cache, 8, tree) is None
+    assert "sliding window of its attention layers (16 tokens)" in window_problem(cache, 9, tree)
     eager = AutoModelForCausalLM.from_config(LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
         attn_implementation="eager")
     assert static_tree_problem(eager, DynamicCacheFor(eager)) is None
+    assert sliding_window(DynamicCacheFor(eager)) is None and window_problem(DynamicCacheFor(eager), 999, tree) is None
 
 
 def DynamicCacheFor(model):  # noqa: N802 - reads like a constructor

@@ -1,14 +1,20 @@
-"""Faults: failing questions, Ctrl-C, unwritable results, shards, parallel launchers."""
+"""Faults: failing questions, Ctrl-C in every phase, a full disk, torn error rows, unwritable
+results, shards, parallel launchers. Each fault is injected at a chosen question (no race
+with real decoding), so every count below is exact."""
 
+import errno
+import io
 import json
+import os
 import signal
-import subprocess
 
+import pytest
 from test_cli import answers_file, base_args
 
-from helpers import specbench, start_specbench, wait_for_answers, write_questions
+from helpers import assert_one_line_error, cli, specbench, write_questions
 from specbench.analysis import report
-from specbench.core.answers import read_answers
+from specbench.core.answers import AnswerWriter, read_answers
+from specbench.run.session import Session
 
 
 def questions_with(path, extra_turns):
@@ -38,21 +44,163 @@ def test_failing_questions_are_recorded_and_excluded(tiny_models, tmp_path):
     assert any("2 failed question(s) excluded" in p for p in group.problems)
 
 
-def test_ctrl_c_keeps_answers_and_says_how_far(tiny_models, tmp_path):
-    questions = write_questions(tmp_path / "q.jsonl", per_category=10)
+def ctrl_c_at(monkeypatch, method: str, question_id: int, presses: int = 1):
+    """Make the session press Ctrl-C (SIGINT to this process) while `method` answers `question_id`."""
+    answer = Session.answer
+
+    def pressing(self, method_obj, question):
+        if question.question_id == question_id and type(method_obj).__name__ == method:
+            for _ in range(presses):
+                os.kill(os.getpid(), signal.SIGINT)
+        return answer(self, method_obj, question)
+
+    monkeypatch.setattr(Session, "answer", pressing)
+
+
+def interrupted_run(tiny_models, tmp_path, monkeypatch, method, question_id, presses=1):
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
     out = tmp_path / "results"
-    args = base_args(tiny_models["llama"], questions, out, "max_new_tokens=200")
-    proc = start_specbench(args, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = base_args(tiny_models["llama"], questions, out, "task=[qa,rag,translation]", "method=pld")
+    ctrl_c_at(monkeypatch, method, question_id, presses)
+    return out, args, cli(*args, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("method, question_id, base_kept, pld_kept", [
+    ("Baseline", 3, 1, None),  # the baseline's first question (qids 3, 5, 7: translation, qa, rag)
+    ("Baseline", 7, 3, None),  # the baseline's last question: the method's phase must not start
+    ("PLD", 3, 3, 1),  # the method's first question
+    ("PLD", 7, 3, 3),  # the method's last question: no summary, exit 130
+])
+def test_ctrl_c_ends_the_run_in_every_phase(tiny_models, tmp_path, monkeypatch, method, question_id, base_kept,
+                                            pld_kept):
+    out, args, result = interrupted_run(tiny_models, tmp_path, monkeypatch, method, question_id)
+    assert result.code == 130 and "Traceback" not in result.err, result
+    label = "baseline" if method == "Baseline" else "pld"
+    assert f"{label} run 1: interrupted after" in result.err and "run the same command again" in result.err
+    assert "Overall" not in result.out  # no summary of a run that did not finish
+    assert len(read_answers(answers_file(out))) == base_kept
+    pld = answers_file(out, "pld")
+    assert (len(read_answers(pld)) if pld.exists() else None) == pld_kept
+    monkeypatch.undo()
+    again = cli(*args, cwd=tmp_path)  # the same command finishes the job, nothing twice
+    assert again.code == 0 and "Overall" in again.out, again
+    for method_name in ("baseline", "pld"):
+        ids = [r["question_id"] for r in read_answers(answers_file(out, method_name))]
+        assert sorted(ids) == [3, 5, 7]
+
+
+def test_ctrl_c_during_warmup_stops_before_any_answer(tiny_models, tmp_path, monkeypatch):
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    out = tmp_path / "results"
+    ctrl_c_at(monkeypatch, "Baseline", 5)  # qa's only question is the warm-up question
+    result = cli(*base_args(tiny_models["llama"], questions, out, "task=qa", "warmup=1"), cwd=tmp_path)
+    assert result.code == 130 and "interrupted after 0 of 1" in result.err, result
+    assert read_answers(answers_file(out)) == []
+
+
+def test_second_ctrl_c_stops_at_once_with_130(tiny_models, tmp_path):
+    questions = questions_with(tmp_path / "q.jsonl", ["please INTERRUPT now"])
+    out = tmp_path / "results"
+    args = base_args(tiny_models["llama"], questions, out, "task=qa", "method.impl=faulty_methods.CtrlCTwice")
+    proc = specbench(*args, cwd=tmp_path)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)  # an exit code, not death by SIGINT (-2)
+    assert "interrupted after 1 of 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert [r["question_id"] for r in read_answers(answers_file(out))] == [5]
+
+
+class FullDisk(io.RawIOBase):
+    """A file on a disk that fills up after `whole` writes: the next write puts half its bytes
+    on disk, then every write fails with ENOSPC, as a real full disk does (the buffered rest
+    then fails again when the file is closed)."""
+
+    def __init__(self, path, whole):
+        self.file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+        self.whole = whole
+        self.full = False
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self.file.fileno()
+
+    def write(self, data):
+        data = bytes(data)
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if self.whole == 0:
+            self.full = True
+            return self.file.write(data[: len(data) // 2])
+        self.whole -= 1
+        return self.file.write(data)
+
+    def close(self):
+        self.file.close()
+        super().close()
+
+
+def test_disk_full_mid_run_is_one_line_and_resumable(tiny_models, tmp_path, monkeypatch):
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    out = tmp_path / "results"
+    args = base_args(tiny_models["llama"], questions, out, "task=[qa,rag,translation]")
+
+    def full_after_one_answer(self):
+        if self.path.name != "answers.jsonl":
+            return self.path.open("a", encoding="utf-8")
+        return io.TextIOWrapper(io.BufferedWriter(FullDisk(self.path, whole=1)), encoding="utf-8")
+
+    monkeypatch.setattr(AnswerWriter, "_open", full_after_one_answer)
+    result = cli(*args, cwd=tmp_path)
+    assert_one_line_error(result, r"cannot write .*answers.jsonl \(No space left on device\); free space, then run "
+                                  r"again to resume")
     path = answers_file(out)
-    wait_for_answers(path, 1)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130
-    assert "interrupted after" in stderr and "run the same command again to resume" in stderr
-    assert "Traceback" not in stderr
     kept = read_answers(path)
-    assert kept and path.read_text().endswith("\n")
+    assert len(kept) == 1 and not path.read_bytes().endswith(b"\n")  # and a torn half of the second answer
+    monkeypatch.undo()
+    again = cli(*args, cwd=tmp_path)
+    assert again.code == 0, again
+    records = read_answers(path)
+    assert sorted(r["question_id"] for r in records) == [3, 5, 7]
+    assert records[0]["answer_id"] == kept[0]["answer_id"]
+
+
+def test_torn_error_row_is_repaired_on_resume(tiny_models, tmp_path):
+    questions = questions_with(tmp_path / "q.jsonl", ["please BOOM now"])
+    out = tmp_path / "results"
+    args = base_args(tiny_models["llama"], questions, out, "task=qa", "method.name=faulty",
+                     "method.impl=faulty_methods.FailOnMarker", "baseline=false")
+    assert cli(*args, cwd=tmp_path).code == 0
+    errors = answers_file(out, "faulty").parent / "errors.jsonl"
+    with errors.open("a") as fh:
+        fh.write('{"question_id": 100, "category": "qa", "err')  # a kill mid-write
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 0, result
+    rows = [json.loads(line) for line in errors.read_text().splitlines()]  # every line whole
+    assert [r["question_id"] for r in rows] == [100, 100]
+
+
+def test_every_question_failing_exits_non_zero_with_the_count(tiny_models, tmp_path):
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    out = tmp_path / "results"
+    args = base_args(tiny_models["llama"], questions, out, "task=[qa,rag]", "method.name=broken",
+                     "method.impl=faulty_methods.AlwaysFail")
+    result = cli(*args, cwd=tmp_path)
+    line = assert_one_line_error(result, r"broken run 1: all 2 questions failed \(first: question \d+: RuntimeError: "
+                                         r"simulated failure of every question\)")
+    assert "errors.jsonl" in line
+    assert len(read_answers(answers_file(out))) == 2  # the baseline's answers stand
+
+
+def test_some_failures_are_the_last_line(tiny_models, tmp_path):
+    questions = questions_with(tmp_path / "q.jsonl", ["please BOOM now"])
+    out = tmp_path / "results"
+    args = base_args(tiny_models["llama"], questions, out, "task=qa", "method.name=faulty",
+                     "method.impl=faulty_methods.FailOnMarker")
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 0, result
+    last = result.err.strip().splitlines()[-1]
+    assert last.startswith("warning: faulty run 1: 1 of 2 questions failed (first: question 100: RuntimeError")
+    assert "1 failed" in result.out  # and the summary table says so
 
 
 def test_unwritable_results_folder_fails_before_loading(tmp_path):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from helpers import specbench
+from helpers import assert_one_line_error, cli, specbench
 from specbench.analysis import frame, report
 from specbench.analysis.runs import Run
 from specbench.core.answers import AnswerWriter, read_answers, run_dir, write_meta
@@ -189,8 +189,58 @@ def test_recommend_respects_constraints(tmp_path):
 def test_answer_line_that_is_not_an_object_is_named(tmp_path):
     path = tmp_path / "answers.jsonl"
     path.write_text('{"question_id": 1}\n\n[1, 2]\n{"question_id": 2}\n')
-    with pytest.raises(SpecbenchError, match=r"answers.jsonl:3: corrupt answer line") as err:
+    with pytest.raises(SpecbenchError, match=r"answers.jsonl:3: corrupt line") as err:
         read_answers(path)
     assert "\n" not in str(err.value)
     path.write_text('{"question_id": 1}\n  \n{"question_id": 2}\n')  # blank lines are skipped
     assert [r["question_id"] for r in read_answers(path)] == [1, 2]
+
+
+def test_check_gates_that_cannot_pass_by_accident(tmp_path):
+    """No reference fails unless allowed; a method without answers, with failed questions or
+    with greedy answers that differ from the baseline's (not a near-tie) fails whatever the
+    reference says, and `--update` refuses to bless such results."""
+    root = tmp_path / "answers"
+    write_run(root, "baseline", base_records())
+    write_run(root, "fast", [record(i, c, 10, 0.5, [2] * 5) for i, c in enumerate(CATS)])
+    args = ["check", "--results", str(root), "--reference", str(tmp_path / "ref")]
+    missing = cli(*args, cwd=tmp_path)
+    assert missing.code == 1 and "FAILED" in missing.out and "no reference" in missing.out, missing
+    assert cli(*args, "--allow-missing", cwd=tmp_path).code == 0
+    assert cli(*args, "--update", cwd=tmp_path).code == 0
+    assert cli(*args, cwd=tmp_path).code == 0
+    empty = write_run(root, "empty", [])  # every question failed
+    with AnswerWriter(empty / "errors.jsonl") as w:
+        w.write({"question_id": 0, "category": "writing", "method": "empty", "run": 1, "error": "RuntimeError: x"})
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 1 and "FAILED: " in result.out and "empty has no answers to compare" in result.out, result
+    assert "empty: 1 question(s) failed" in result.out
+    refused = cli(*args, "--update", cwd=tmp_path)
+    assert refused.code == 1 and "not written" in refused.out
+    # greedy answers that differ where the baseline's top-2 margin was wide: a bug, not a near-tie
+    (root / "synthetic").rename(tmp_path / "old")  # fresh folders (AnswerWriter appends)
+    wrong = [record(i, c, 10, 0.5, [2] * 5, ids=[7] * 10) for i, c in enumerate(CATS)]
+    write_run(root, "baseline", [record(i, c, 10, 1.0, [1] * 9, margins=[3.0] * 10) for i, c in enumerate(CATS)])
+    write_run(root, "fast", wrong)
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 1 and "fast: 6 greedy answer(s) differ from the baseline's, not by a near-tie" in result.out
+    # the same divergence at a near-tie is not a bug
+    (root / "synthetic").rename(tmp_path / "old2")
+    write_run(root, "baseline", base_records())  # margins 0.01 <= the default tie margin
+    write_run(root, "fast", wrong)
+    assert cli(*args, "--allow-missing", cwd=tmp_path).code == 0
+
+
+def test_reference_that_is_not_one_is_named(tmp_path):
+    root = tmp_path / "answers"
+    write_run(root, "baseline", base_records())
+    write_run(root, "fast", [record(i, c, 10, 0.5, [2] * 5) for i, c in enumerate(CATS)])
+    args = ["check", "--results", str(root), "--reference", str(tmp_path / "ref")]
+    assert cli(*args, "--update", cwd=tmp_path).code == 0
+    (path,) = (tmp_path / "ref").glob("*.json")
+    good = json.loads(path.read_text())
+    for bad, pattern in (("{not json", r"cannot be read"), ("[]", r"has no 'methods' table"),
+                         (json.dumps({**good, "methods": {"fast": {"qa": {"speedup": "fast"}}}}),
+                          r"fast / qa lacks a finite speedup")):
+        path.write_text(bad)
+        assert_one_line_error(cli(*args, cwd=tmp_path), pattern)

@@ -14,7 +14,7 @@ from specbench.core.answers import EXTRA_KEY
 
 def accept_histogram(runs: list[Run]) -> Counter:
     """Decoding steps by the number of tokens they emitted (bonus included)."""
-    return Counter(a for run in runs for r in run.records for a in r["choices"][0]["accept_lengths"])
+    return Counter(a for run in runs for r in run.records for a in r["choices"][0].get("accept_lengths", []))
 
 
 def depth_acceptance(runs: list[Run]) -> list[float] | None:
@@ -24,7 +24,7 @@ def depth_acceptance(runs: list[Run]) -> list[float] | None:
     accepted: Counter = Counter()
     for run in runs:
         for r in run.records:
-            for stats in r.get(EXTRA_KEY, {}).get("stats", []):
+            for stats in (r.get(EXTRA_KEY) or {}).get("stats", []):
                 for d, (n, a) in enumerate(zip((stats or {}).get("position_drafted", []),
                                                (stats or {}).get("position_accepted", []))):
                     drafted[d] += n
@@ -58,16 +58,16 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
     for run in method_runs:
         base = {r["question_id"]: r for r in base_by_run.get(run.run, base_runs[0]).records}
         for record in run.records:
-            ref = base.get(record["question_id"])
-            if ref is None or EXTRA_KEY not in record or EXTRA_KEY not in ref:
+            ours, ref = record.get(EXTRA_KEY) or {}, (base.get(record["question_id"]) or {}).get(EXTRA_KEY) or {}
+            if "output_ids" not in ours or "output_ids" not in ref:
                 continue
             compared += 1
-            diverge = first_divergence(record[EXTRA_KEY]["output_ids"], ref[EXTRA_KEY]["output_ids"])
+            diverge = first_divergence(ours["output_ids"], ref["output_ids"])
             if diverge is None:
                 equal += 1
                 continue
             turn, pos = diverge
-            ref_stats = ref[EXTRA_KEY].get("stats") or []
+            ref_stats = ref.get("stats") or []
             margins = ((ref_stats[turn] or {}).get("top2_margin") or []) if turn < len(ref_stats) else []
             margin = margins[pos] if pos < len(margins) else None
             mismatches.append({

@@ -19,6 +19,7 @@ import pandas as pd
 
 from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import EXTRA_KEY
+from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS, subtask_of
 
 KEYS = ["dataset", "model", "temperature", "method", "run", "question_id", "category", "subtask", "turn"]
@@ -48,6 +49,9 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
     extra = record.get(EXTRA_KEY) or {}
     prefill, sections = extra.get("prefill_time") or [], extra.get("sections") or []
     accepts = _accepts_by_turn(choice)
+    if tokenizer is not None and "turns" not in choice:
+        raise SpecbenchError(f"{run.source}: question {record['question_id']} has no answer text (choices[0].turns) "
+                             "to count upstream's way; leave out --upstream-count")
     for turn, (tokens, seconds) in enumerate(zip(choice["new_tokens"], choice["wall_time"])):
         row = {
             "dataset": run.dataset, "model": run.model, "temperature": run.temperature, "method": run.method,
@@ -112,7 +116,8 @@ def bootstrap_ratio_ci(ours: np.ndarray, base: np.ndarray, seed: int = 0) -> tup
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(ours), size=(BOOTSTRAP_SAMPLES, len(ours)))
-    ratios = ours[idx].mean(axis=1) / base[idx].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a baseline without tokens gives no ratio (nan)
+        ratios = ours[idx].mean(axis=1) / base[idx].mean(axis=1)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(low), float(high)
 
@@ -128,7 +133,7 @@ def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     if pairs.empty:
         return pd.DataFrame(columns=METRICS, index=pd.MultiIndex.from_tuples([], names=keys))
     per_run = pairs.groupby([*keys, "run"]).agg(ours=("tokens_per_s", "mean"), base=("base_tokens_per_s", "mean"))
-    per_run["speedup"] = per_run["ours"] / per_run["base"]
+    per_run["speedup"] = (per_run["ours"] / per_run["base"]).where(per_run["base"] > 0)  # no baseline tokens: nan
     runs = per_run.groupby(level=keys)
     out = pd.DataFrame({"speedup": runs["speedup"].mean(), "speedup_std": runs["speedup"].agg(sample_std),
                         "baseline_tokens_per_s": runs["base"].mean(), "runs": runs.size()})

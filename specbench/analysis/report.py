@@ -50,8 +50,12 @@ def _screen(group: Group) -> bool:
             run.records = [r for r in run.records if r["question_id"] not in failed]
     if failed:
         group.problems.append(f"{group.title}: {len(failed)} failed question(s) excluded from every method's numbers")
-    models = {run.meta.get("identity", {}).get("model") for runs in group.methods.values() for run in runs
-              if run.meta} - {None}
+    kept = {name: [run for run in runs if not run.skipped] for name, runs in group.methods.items()}
+    group.methods = {name: runs for name, runs in kept.items() if runs}
+    if not group.methods:
+        return False  # every file of the group was unreadable: named above, nothing to report
+    models = {str((run.meta.get("identity") or {}).get("model")) for runs in group.methods.values() for run in runs
+              if run.meta and (run.meta.get("identity") or {}).get("model") is not None}
     if len(models) > 1:
         group.problems.append(f"{group.title}: answers of different models ({', '.join(sorted(models))}) are mixed "
                               "in one folder; keep each model's answers in its own folder. Not reported.")
@@ -77,6 +81,10 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         return group
     group.frame = tidy((run for runs in group.methods.values() for run in runs), upstream_tokenizer=upstream_tokenizer)
     group.speedups = speedups(group.frame)
+    if (zero := group.speedups[group.speedups["baseline_tokens_per_s"] == 0]).size:
+        subtasks = sorted(set(zero.index.get_level_values("subtask")))
+        group.problems.append(f"{group.title}: the baseline generated no tokens on {', '.join(subtasks)}, "
+                              "so no speedup there")
     measured = set(group.speedups.index.get_level_values("method"))
     for name, runs in group.methods.items():
         if name not in measured:

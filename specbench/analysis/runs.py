@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from specbench.analysis.records import check_failures, check_meta, check_records
 from specbench.core.answers import ANSWERS, ERRORS, META, read_answers, read_meta
 from specbench.core.errors import SpecbenchError
 
@@ -31,6 +32,7 @@ class Run:
     source: Path | None = None
     failed: dict[int, str] = field(default_factory=dict)  # question id -> reason (errors.jsonl)
     problems: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why its files could not be read: then it holds nothing and counts nowhere
 
 
 @dataclass
@@ -59,32 +61,111 @@ class Group:
 
 
 def read_run(folder: Path) -> Run:
-    """A run folder (`.../<dataset>/<model>/<method>/temp-<t>/run-<r>`), its shards merged."""
-    shards = sorted(p.parent for p in folder.glob(f"shard-*/{ANSWERS}")) or [folder]
-    parts = folder.parts
-    run = Run(parts[-5], parts[-4], parts[-3], float(parts[-2].removeprefix("temp-")),
-              int(parts[-1].removeprefix("run-")), [], None, folder)
+    """A run folder (`.../<dataset>/<model>/<method>/temp-<t>/run-<r>`): its own answers file and
+    its shards' merged. A folder with any unreadable file is left out whole (`Run.skipped`)."""
+    parts = folder.absolute().parts  # `report .` inside a method folder still knows its dataset and model
+    temperature = _float(parts[-2].removeprefix("temp-"), math.nan)
+    run = Run(parts[-5], parts[-4], parts[-3], temperature, int(parts[-1].removeprefix("run-")), [], None, folder)
+    if math.isnan(temperature):
+        return _skip(run, f"{folder}: '{parts[-2]}' is not temp-<number> (e.g. temp-0.7); rename the folder")
+    try:
+        _read_parts(run, folder)
+    except SpecbenchError as exc:
+        return _skip(run, str(exc))
+    return run
+
+
+def _read_parts(run: Run, folder: Path) -> None:
+    shards = sorted(p.parent for p in folder.glob(f"shard-*/{ANSWERS}"))
+    parts = [folder, *shards] if (folder / ANSWERS).exists() or not shards else shards
     expected: set[int] = set()
-    for part in shards:
-        meta = read_meta(part / META) or {}
+    answers: list[tuple[Path, list[dict[str, Any]]]] = []
+    for part in parts:
+        meta = _meta(part / META)
         run.meta = run.meta or meta or None
         expected.update(meta.get("expected_questions", []))
-        run.records += read_answers(part / ANSWERS)
-        for row in read_answers(part / ERRORS):
-            run.failed[row["question_id"]] = row["error"]
-    counts = Counter(r["question_id"] for r in run.records)
-    if dupes := sorted(q for q, n in counts.items() if n > 1):
-        run.problems.append(f"{folder}: question ids answered more than once (in several shards?): {dupes[:10]}")
-        seen: set[int] = set()
-        run.records = [r for r in run.records if not (r["question_id"] in seen or seen.add(r["question_id"]))]
-    for qid in counts:
+        answers.append((part / ANSWERS, _records(part / ANSWERS)))
+        try:
+            run.failed.update(_failures(part / ERRORS))
+        except SpecbenchError as exc:  # the answers are still good: only the list of failures is lost
+            run.problems.append(f"{exc}; until then the questions it lists as failed are not excluded from the "
+                                "other methods' numbers")
+        if torn := _torn_tail(part / ANSWERS):
+            run.problems.append(torn)
+    run.records, copies = merge_answers(answers, folder)
+    if copies:
+        run.problems.append(f"{folder}: {copies} answer(s) stored twice, identically (e.g. shard files copied into "
+                            f"{ANSWERS}); each counted once")
+    answered = {r["question_id"] for r in run.records}
+    for qid in answered:
         run.failed.pop(qid, None)  # failed once, answered on a later resume
-    if missing := sorted(expected - set(counts) - set(run.failed)):
+    if missing := sorted(expected - answered - set(run.failed)):
         run.problems.append(
             f"{folder}: INCOMPLETE, {len(missing)} of {len(expected)} expected questions have no answer "
             f"(e.g. {missing[:5]}); run the same command again to finish it (numbers below cover the rest)"
         )
+
+
+def merge_answers(files: list[tuple[Path, list[dict[str, Any]]]], where: Path) -> tuple[list[dict[str, Any]], int]:
+    """One record per question from several answer files (a run folder's own file and its shards):
+    a record stored twice unchanged counts once (returned: how many such copies); two different
+    answers to one question are refused, since a question is measured once per run and the
+    report cannot know which measurement counts."""
+    first: dict[int, tuple[dict[str, Any], Path]] = {}
+    copies = 0
+    for path, records in files:
+        for record in records:
+            qid = record["question_id"]
+            if qid not in first:
+                first[qid] = (record, path)
+            elif first[qid][0] == record:
+                copies += 1
+            else:
+                raise SpecbenchError(
+                    f"{where}: question {qid} has two different answers ({first[qid][1]} and {path}); a run measures "
+                    "each question once: delete the answer that should not count"
+                )
+    return [record for record, _ in first.values()], copies
+
+
+def _skip(run: Run, reason: str) -> Run:
+    """`run` emptied and marked: named among the problems, left out of every number."""
+    run.records, run.failed, run.meta, run.skipped = [], {}, None, reason
+    run.problems = [f"{reason}; this run is left out of the report"]
     return run
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    try:
+        return check_records(read_answers(path), path)
+    except OSError as exc:
+        raise SpecbenchError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _failures(path: Path) -> dict[int, str]:
+    try:
+        return check_failures(read_answers(path), path)
+    except OSError as exc:
+        raise SpecbenchError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    meta = read_meta(path)  # a SpecbenchError naming the file when it is not a JSON object
+    return {} if meta is None else check_meta(meta, path)
+
+
+def _torn_tail(path: Path) -> str | None:
+    """A last line without its newline: a write cut short (the reader drops it)."""
+    try:
+        with path.open("rb") as fh:
+            if fh.seek(0, 2) == 0:
+                return None
+            fh.seek(-1, 2)
+            torn = fh.read(1) != b"\n"
+    except OSError:
+        return None
+    return f"{path}: the last line is cut short (a killed write?) and is left out; run the same command " \
+           "again to redo that question" if torn else None
 
 
 def read_upstream(path: Path, model: str) -> Run:
@@ -96,15 +177,35 @@ def read_upstream(path: Path, model: str) -> Run:
     if any(tag in method for tag in UPSTREAM_BASELINES):
         method = BASELINE
     dataset = "spec_bench" if "spec_bench" in path.parts else path.parent.name
-    return Run(dataset, model, method, float(temp.group(1)) if temp else 0.0, int(run.group(1)) if run else 1,
-               read_answers(path), None, path)
+    found = Run(dataset, model, method, _float(temp.group(1)) if temp else 0.0, int(run.group(1)) if run else 1,
+                [], None, path)
+    try:
+        found.records, copies = merge_answers([(path, _records(path))], path)
+    except SpecbenchError as exc:
+        return _skip(found, str(exc))
+    if copies:
+        found.problems.append(f"{path}: {copies} answer(s) stored twice, identically; each counted once")
+    if torn := _torn_tail(path):
+        found.problems.append(torn)
+    return found
+
+
+def _float(text: str, default: float = 0.0) -> float:
+    try:
+        return float(text)
+    except ValueError:  # e.g. "0.0.1"
+        return default
 
 
 def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
-    """Every answer file under `root`: our layout, and upstream's `*.jsonl` answer files."""
+    """Every answer file under `root`: our layout, and upstream's `*.jsonl` answer files. A file
+    that cannot be read is named among its run's problems and left out (`Run.skipped`); when
+    nothing readable is left, that is an error."""
     root = Path(root)
     if not root.exists():
         raise SpecbenchError(f"results folder {root} does not exist; run `python -m specbench run ...` first")
+    if not root.is_dir():
+        raise SpecbenchError(f"results path {root} is a file; give the folder that holds the answer files")
     runs = []
     for path in sorted(root.rglob("*.jsonl")):
         if path.name == ANSWERS:
@@ -117,6 +218,9 @@ def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
     runs = [r for r in runs if r.records or r.failed or r.problems]
     if not runs:
         raise SpecbenchError(f"no answer files under {root}")
+    if all(r.skipped for r in runs):
+        more = f" (and {len(runs) - 1} more unreadable)" if len(runs) > 1 else ""
+        raise SpecbenchError(f"no readable answer files under {root}: {runs[0].skipped}{more}")
     return runs
 
 
@@ -138,7 +242,7 @@ def method_facts(runs: list[Run]) -> dict[str, Any]:
     folders written before labels left the resume identity keep them under identity.method)."""
     for run in runs:
         if run.meta:
-            method_cfg = run.meta.get("identity", {}).get("method") or {}
+            method_cfg = (run.meta.get("identity") or {}).get("method") or {}
             facts = dict(run.meta.get("facts") or method_cfg.get("facts") or {})
             if "extra_parameters" in run.meta:
                 facts["extra_parameters"] = run.meta["extra_parameters"]

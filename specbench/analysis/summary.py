@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specbench.analysis.frame import speedups, tidy
 from specbench.analysis.runs import BASELINE, Run
-from specbench.core.answers import ANSWERS, read_answers
+from specbench.core.answers import ANSWERS, ERRORS, read_answers
 from specbench.core.table import speedup_table
 from specbench.run.session import Session
 
@@ -32,4 +32,8 @@ def run_summary(session: Session) -> str:
     if name not in table.index.get_level_values("method"):
         return f"{header}: no baseline answers to compare with (run with baseline=true)"
     rows = table.loc[name].reset_index().to_dict("records")
-    return speedup_table(rows, title=header, runs=int(cfg.runs))
+    lines = [speedup_table(rows, title=header, runs=int(cfg.runs))]
+    for outcome in session.failures():
+        lines.append(f"{outcome.label}: {outcome.failed} failed question(s) not in these numbers "
+                     f"(listed in {outcome.folder / ERRORS})")
+    return "\n".join(lines)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
 
+from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 
 USAGE = """usage: python -m specbench [hydra flags] <command> [args]
@@ -53,7 +53,12 @@ def _run(args: list[str]) -> int:
         from specbench.run import session
 
         try:
-            print(run_summary(session.run(cfg)))
+            done = session.run(cfg)
+            print(run_summary(done))
+            for outcome in done.failures():  # the last lines: what this run could not answer
+                print(f"warning: {outcome.label}: {outcome.failed} of {outcome.todo} questions failed "
+                      f"(first: {outcome.first_error}); listed in {outcome.folder / 'errors.jsonl'}",
+                      file=sys.stderr)
         except SpecbenchError as exc:
             if os.environ.get("SPECBENCH_VERBOSE"):
                 raise
@@ -68,7 +73,7 @@ def _run(args: list[str]) -> int:
 
 
 def _data(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specbench data")
+    parser = ArgumentParser(prog="python -m specbench data")
     parser.add_argument("action", choices=["fetch", "synth"])
     parser.add_argument("--dest", help="where to write (default: the dataset config's path)")
     parser.add_argument("--seed", type=int, default=None, help="synthetic set seed (default: config)")
@@ -94,7 +99,7 @@ def _data(args: list[str]) -> int:
 
 
 def _report(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specbench report",
+    parser = ArgumentParser(prog="python -m specbench report",
                                      description="Tables and figures from answer files (ours or upstream's).")
     parser.add_argument("results", nargs="?", default="results/answers", help="folder of answer files")
     parser.add_argument("--out", default="results/leaderboard", help="where tables and figures go")
@@ -156,7 +161,7 @@ def _zoo(args: list[str]) -> int:
 
 
 def _datastore(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specbench datastore",
+    parser = ArgumentParser(prog="python -m specbench datastore",
                                      description="Build a REST datastore: a corpus tokenized and suffix-indexed.")
     parser.add_argument("action", choices=["build"])
     parser.add_argument("--corpus", required=True,
@@ -213,3 +218,6 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SPECBENCH_VERBOSE"):
             raise
         return _fail(exc)
+    except KeyboardInterrupt:  # outside a run's question loop (loading, report, ...): no traceback
+        print("interrupted", file=sys.stderr)
+        return 130

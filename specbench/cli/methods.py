@@ -3,9 +3,9 @@ search path, entry points), as a table, a comma-separated list, or the README's 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 from specbench.core.table import markdown
 from specbench.run.registry import BUILTIN, SOURCES, Registry, discover
@@ -63,7 +63,7 @@ def write_readme(registry: Registry, path: Path) -> bool:
 
 
 def methods_main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specbench methods", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench methods", description=__doc__.splitlines()[0])
     parser.add_argument("--names", action="store_true", help="print the names, comma-separated (for method=a,b)")
     parser.add_argument("--suite", help="only the methods of this suite (bench, quick, or your own)")
     parser.add_argument("--markdown", action="store_true", help="the README's table of built-in methods")

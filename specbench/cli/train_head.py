@@ -8,6 +8,9 @@ override its fields), out, corpus (anything `specbench.datastore.read_corpus` re
 records, a text file with blank lines between documents, a hub dataset id, `zoo:corpus`; `zoo`
 is short for `zoo:corpus`), split and text_field (for those), tokens (corpus tokens to use),
 steps, lr, seed, threads, device, seq_len, and for Medusa heads / layers / train_projections.
+Any decoder that transformers loads will do (head sizes come from its config's generic names).
+Settings are checked before the model loads, each bad one named in a one-line error; a pad id
+the model cannot embed falls back to EOS (said on stderr).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ SEQ_LEN = 512
 ZOO_CORPUS = "zoo:corpus"
 
 
+MEDUSA_KEYS = ("heads", "layers", "train_projections")
+#: Integer keys and their least value.
+INT_KEYS = {"tokens": 1, "steps": 1, "seed": 0, "threads": 1, "seq_len": 2, "heads": 1, "layers": 0}
+BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
 def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
     opts: dict[str, str] = {}
     model_overrides: list[str] = []
@@ -36,15 +45,96 @@ def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
         key, sep, value = arg.partition("=")
         if not sep:
             raise SpecbenchError(f"train-head takes key=value arguments, got '{arg}'; usage: {USAGE}")
-        if key.startswith("model."):
+        if key.startswith("model.") and len(key) > len("model."):
             model_overrides.append(f"{key[len('model.'):]}={value}")
         elif key in KEYS:
             opts[key] = value
         else:
             raise SpecbenchError(f"unknown train-head key '{key}'; keys: {', '.join(sorted(KEYS))}, model.*")
     if opts.get("method") not in ("medusa", "eagle", "eagle2"):
-        raise SpecbenchError(f"train-head needs method=medusa or method=eagle; usage: {USAGE}")
+        got = f" (got method={opts['method']})" if "method" in opts else ""
+        raise SpecbenchError(f"train-head needs method=medusa or method=eagle{got}; usage: {USAGE}")
+    if not opts.get("model"):
+        raise SpecbenchError(f"train-head needs model=NAME (a configs/model name, e.g. model=tiny, or model=local "
+                             f"model.path=/path/to/model); usage: {USAGE}")
+    if opts["method"] != "medusa":
+        extra = [k for k in MEDUSA_KEYS if k in opts]
+        if extra:
+            raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=medusa only; drop them for "
+                                 f"method={opts['method']}")
     return opts, model_overrides
+
+
+def _int(opts: dict[str, str], key: str, default: int) -> int:
+    """An integer option, at least INT_KEYS[key]."""
+    if key not in opts:
+        return default
+    try:
+        value = int(opts[key])
+    except ValueError:
+        raise SpecbenchError(f"train-head {key}={opts[key]!r} is not an integer; give e.g. {key}={default}") from None
+    if value < INT_KEYS[key]:
+        raise SpecbenchError(f"train-head {key}={value} must be at least {INT_KEYS[key]}")
+    return value
+
+
+def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
+    """The trainer's keyword settings from the command line (checked)."""
+    from specbench.heads import train as headtrain
+
+    defaults = headtrain.MEDUSA_DEFAULTS if method == "medusa" else headtrain.EAGLE_DEFAULTS
+    settings: dict[str, Any] = {"seed": _int(opts, "seed", 0)}
+    if "steps" in opts:
+        settings["steps"] = _int(opts, "steps", defaults["steps"])
+    if "lr" in opts:
+        try:
+            lr = float(opts["lr"])
+        except ValueError:
+            lr = float("nan")
+        if not lr > 0 or lr == float("inf"):
+            raise SpecbenchError(f"train-head lr={opts['lr']!r} must be a positive number, e.g. lr={defaults['lr']}")
+        settings["lr"] = lr
+    if method == "medusa":
+        for key, name in (("heads", "num_heads"), ("layers", "num_layers")):
+            if key in opts:
+                settings[name] = _int(opts, key, defaults[name])
+        if "train_projections" in opts:
+            flag = opts["train_projections"].strip().lower()
+            if flag not in BOOLEANS:
+                raise SpecbenchError(f"train-head train_projections={opts['train_projections']!r} must be true or "
+                                     "false")
+            settings["train_projections"] = BOOLEANS[flag]
+    return settings
+
+
+def _out_folder(opts: dict[str, str], default: str) -> Path:
+    """Where the head goes: a folder (new or existing), never an existing file or a path through one."""
+    spec = opts.get("out", default)
+    if not spec.strip():
+        raise SpecbenchError("train-head out= is empty; give out=DIR for the head folder")
+    out = Path(spec).expanduser()
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise SpecbenchError(f"train-head out={out}: {path} is a file, not a folder; give out= a new or "
+                                 "existing folder")
+    return out
+
+
+def pad_id(tokenizer: Any, vocab: int) -> int:
+    """The tokenizer's pad id when the model's embedding has it, else EOS, else 0 (said on stderr:
+    padding never reaches a loss, but an id beyond the embedding would fail the target forward)."""
+    pad = tokenizer.pad_token_id
+    if pad is not None and 0 <= int(pad) < vocab:
+        return int(pad)
+    eos = tokenizer.eos_token_id
+    fallback = int(eos) if isinstance(eos, int) and 0 <= eos < vocab else 0
+    if pad is None:
+        why = "the tokenizer has no pad token"
+    else:
+        why = f"the tokenizer's pad id {pad} is beyond the model's {vocab} embeddings"
+    print(f"train-head: {why}; padding with id {fallback} ({'EOS' if fallback == eos else 'token 0'}) instead, "
+          "which no loss reads", file=sys.stderr)
+    return fallback
 
 
 def corpus_documents(
@@ -93,39 +183,38 @@ def train_head_main(args: list[str]) -> int:
 
     opts, overrides = _parse(args)
     method = "eagle" if opts["method"] == "eagle2" else opts["method"]
-    model_name = opts.get("model", "tiny")
+    model_name = opts["model"]
     model_file = CONFIG_DIR / "model" / f"{model_name}.yaml"
     if not model_file.is_file():
         raise SpecbenchError(f"unknown model '{model_name}'; use a name from {CONFIG_DIR / 'model'}")
-    model_cfg = OmegaConf.merge(OmegaConf.load(model_file), OmegaConf.from_dotlist(overrides))
-    if opts.get("threads"):
-        torch.set_num_threads(int(opts["threads"]))
-    seed = int(opts.get("seed", 0))
+    try:
+        model_cfg = OmegaConf.merge(OmegaConf.load(model_file), OmegaConf.from_dotlist(overrides))
+    except Exception as exc:  # noqa: BLE001 - omegaconf's errors for a bad dotted override
+        raise SpecbenchError(f"train-head model.* overrides {overrides}: {str(exc).splitlines()[0]}") from None
+    if OmegaConf.is_missing(model_cfg, "path") or not str(model_cfg.get("path") or "").strip():
+        raise SpecbenchError(f"model={model_name} needs model.path=/path/to/model (a folder or hub id)")
+    settings = _settings(opts, method)
+    seq_len = _int(opts, "seq_len", SEQ_LEN)
+    n_tokens = _int(opts, "tokens", headtrain.DEFAULT_TOKENS)
+    out = _out_folder(opts, f"results/heads/{model_cfg.name}-{method}")
+    if "threads" in opts:
+        torch.set_num_threads(_int(opts, "threads", 1))
     device = resolve_device(opts.get("device", "auto"))
     target = load_model(str(model_cfg.path), device=device, dtype=torch.float32,
                         trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
     tokenizer = target.tokenizer
-    seq_len = int(opts.get("seq_len", SEQ_LEN))
-    n_tokens = int(opts.get("tokens", headtrain.DEFAULT_TOKENS))
+    model = target.model
+    vocab = int(model.get_input_embeddings().weight.shape[0])
     docs = corpus_documents(opts.get("corpus", ZOO_CORPUS), tokenizer, n_tokens, seq_len,
                             split=opts.get("split", "train"), text_field=opts.get("text_field"))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids, valid = pack_rows(docs, seq_len, int(pad))
+    top = max(max(d) for d in docs)
+    if top >= vocab:
+        raise SpecbenchError(f"the tokenizer of {model_cfg.path} gives token id {top} but the model embeds only "
+                             f"{vocab} tokens: tokenizer and model do not belong together")
+    ids, valid = pack_rows(docs, seq_len, pad_id(tokenizer, vocab))
     start = time.perf_counter()
-    data = headtrain.collect_features(target.model, ids.to(device), valid.to(device))
-    out = Path(opts.get("out") or f"results/heads/{model_cfg.name}-{method}")
-    settings: dict[str, Any] = {"seed": seed}
-    if "steps" in opts:
-        settings["steps"] = int(opts["steps"])
-    if "lr" in opts:
-        settings["lr"] = float(opts["lr"])
-    model = target.model
+    data = headtrain.collect_features(model, ids.to(device), valid.to(device))
     if method == "medusa":
-        for key, name in (("heads", "num_heads"), ("layers", "num_layers")):
-            if key in opts:
-                settings[name] = int(opts[key])
-        if "train_projections" in opts:
-            settings["train_projections"] = opts["train_projections"].lower() in ("1", "true", "yes")
         heads, stats = headtrain.train_medusa(data, model.get_output_embeddings(),
                                               **{**headtrain.MEDUSA_DEFAULTS, **settings})
         save_medusa(heads, out, str(model_cfg.path))

@@ -5,13 +5,14 @@ Layout: <output_dir>/<dataset>/<model>/<method>/temp-<t>/run-<r>/{answers.jsonl,
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import jsonlines
 
@@ -27,6 +28,27 @@ def run_dir(output_dir: str | os.PathLike, dataset: str, model: str, method: str
     return Path(output_dir) / dataset / model / method / f"temp-{temperature:g}" / f"run-{run}"
 
 
+def repair_torn_tail(path: str | os.PathLike) -> None:
+    """Cut a last line without its newline (what a killed write leaves) from a JSONL file."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open("r+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:  # walk back to the last newline, a block at a time
+            start = max(0, end - (1 << 16))
+            fh.seek(start)
+            block = fh.read(end - start)
+            at = block.rfind(b"\n")
+            if at >= 0:
+                end = start + at + 1
+                break
+            end = start
+        if end < size:
+            fh.truncate(end)
+
+
 def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[str, Any]]:
     """All complete records of an answer file.
 
@@ -37,39 +59,65 @@ def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[
     path = Path(path)
     if not path.exists():
         return []
+    if repair:
+        repair_torn_tail(path)
     data = path.read_bytes()
-    complete, newline, torn = data.rpartition(b"\n")
-    if torn and repair:
-        with path.open("r+b") as fh:
-            fh.truncate(len(complete) + len(newline))
+    complete, newline, _torn = data.rpartition(b"\n")
     lines = complete.split(b"\n") if newline else []
     try:
         return list(jsonlines.Reader(lines).iter(type=dict, skip_empty=True))
     except jsonlines.InvalidLineError as exc:
-        raise SpecbenchError(f"{path}:{exc.lineno}: corrupt answer line; fix or delete the file") from None
+        raise SpecbenchError(f"{path}:{exc.lineno}: corrupt line (not a JSON object); fix or delete the file") from None
 
 
 class AnswerWriter:
-    """Appends one JSON line per question and flushes it to disk before the next one."""
+    """Appends one JSON line per question and flushes it to disk before the next one.
+
+    A failed write (disk full, quota, I/O error) becomes one SpecbenchError naming the file;
+    closing after such a failure does not raise a second error over it. Whatever reached the
+    disk of a failed line is a torn tail, which the next run cuts before it resumes.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a", encoding="utf-8")
+        self._fh = self._open()
         self._writer = jsonlines.Writer(self._fh, compact=True, flush=True)
+        self._failed = False
+
+    def _open(self) -> IO[str]:
+        return self.path.open("a", encoding="utf-8")
+
+    def _explain(self, exc: OSError) -> SpecbenchError:
+        self._failed = True
+        return SpecbenchError(
+            f"cannot write {self.path} ({exc.strerror or exc}); free space, then run again to resume"
+        )
 
     def write(self, record: dict[str, Any]) -> None:
-        self._writer.write(record)
-        os.fsync(self._fh.fileno())
+        try:
+            self._writer.write(record)
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            raise self._explain(exc) from None
 
     def close(self) -> None:
-        self._writer.close()
-        self._fh.close()
+        try:
+            self._writer.close()
+            self._fh.close()
+        except OSError as exc:
+            if not self._failed:
+                raise self._explain(exc) from None
+            # the buffered remains of the line that failed cannot be written either: drop them
+            with contextlib.suppress(OSError, ValueError):
+                os.close(self._fh.fileno())
 
     def __enter__(self) -> AnswerWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:
+            self._failed = True  # the error in flight is the one to report
         self.close()
 
 
@@ -81,10 +129,18 @@ def write_meta(path: str | os.PathLike, meta: dict[str, Any]) -> None:
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A run folder's meta.json (None when absent); a file that is not a JSON object is an error."""
     path = Path(path)
     if not path.exists():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        meta = exc
+    if not isinstance(meta, dict):
+        why = f"cannot be read ({meta})" if isinstance(meta, Exception) else "is not a JSON object"
+        raise SpecbenchError(f"{path} {why}; restore it, or start that run over with overwrite=true")
+    return meta
 
 
 def iter_run_dirs(root: str | os.PathLike) -> Iterator[Path]:

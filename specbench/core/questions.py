@@ -96,6 +96,8 @@ def _lines(fh: Any) -> Iterator[bytes]:
 def load_questions(path: str | os.PathLike) -> list[Question]:
     """Read and validate a Spec-Bench question file; errors name the file, line and problem."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecbenchError(f"question file {path} is a folder; give the .jsonl file itself")
     if not path.is_file():
         raise SpecbenchError(f"question file {path} not found")
     questions: list[Question] = []
@@ -113,7 +115,7 @@ def load_questions(path: str | os.PathLike) -> list[Question]:
                     f"{where}: line longer than {MAX_LINE_BYTES >> 20} MiB; is this a question file?"
                 ) from None
             try:
-                raw = raw_bytes.decode("utf-8")
+                raw = raw_bytes.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM some editors write
             except UnicodeDecodeError:
                 raise SpecbenchError(f"{where}: not UTF-8 text; re-save the file as UTF-8") from None
             if not raw.strip():

@@ -8,6 +8,7 @@ named sections on the timer they are given (`with timer.section("draft"): ...`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -71,11 +72,28 @@ def parse_settings(schema: type, cfg: DictConfig | None, method: str = "") -> An
         if key not in known:
             raise SpecbenchError(f"{label} has no setting '{key}'; its settings: {', '.join(known) or 'none'}")
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+        settings = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
     except OmegaConfBaseException as exc:
         detail = str(exc).strip().splitlines()[0]
         key = f" '{exc.full_key}'" if getattr(exc, "full_key", None) else ""  # OmegaConf's first line omits it
         raise SpecbenchError(f"{label}: bad setting{key}: {detail} (fix it in the method's YAML or override)") from None
+    check_ranges(settings, label)
+    return settings
+
+
+def check_ranges(settings: Any, label: str) -> None:
+    """Counts and sizes are positive integers, other numbers finite and >= 0, unless a field's
+    metadata gives its own `min` / `max` (e.g. `field(metadata={"min": 0})`)."""
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        low = f.metadata.get("min", 1 if isinstance(value, int) else 0)
+        high = f.metadata.get("max")
+        if not math.isfinite(value) or value < low or (high is not None and value > high):
+            bound = f">= {low}" + (f" and <= {high}" if high is not None else "")
+            raise SpecbenchError(f"{label}: setting '{f.name}' must be {bound}, got {value!r} "
+                                 "(fix it in the method's YAML or override)")
 
 
 class Method:

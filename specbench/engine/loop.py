@@ -21,7 +21,7 @@ from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
 from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Method, Prefilled
-from specbench.engine.target import TargetScorer, keep_rows
+from specbench.engine.target import TargetScorer, keep_rows, model_context
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict, verify
 from specbench.models import LoadedModel
@@ -60,6 +60,7 @@ class StepStats:
         }
         if self.draft_depths != self.draft_lengths:  # trees: depth and size differ
             out["draft_depths"] = self.draft_depths
+        if self.draft_depths != self.draft_lengths or self.tree_steps or self.fallback:  # aux rows need the mask too
             out["tree_steps"] = self.tree_steps
         if self.fallback:
             out["tree_fallback"] = self.fallback
@@ -78,6 +79,7 @@ class SpeculativeMethod(Method):
         super().__init__(target, cfg, model_cfg)
         self.drafter = drafter if drafter is not None else self.build_drafter()
         self.scorer = TargetScorer(target.model, target.device, target.dtype)
+        self.context = model_context(target.model.config)
 
     def build_drafter(self) -> Drafter:
         raise NotImplementedError
@@ -97,17 +99,21 @@ class SpeculativeMethod(Method):
         first = int(next_token(logits, sampling)[0])
         return Prefilled(input_ids, [first], cache, logits, {"hidden_states": out.hidden_states})
 
-    def _tree_mode(self, tree: DraftTree, cache: Any, stats: StepStats) -> tuple[DraftTree, bool]:
-        """Whether this step needs the tree mask; a chain of first children where it can't run."""
+    def _tree_mode(
+        self, tree: DraftTree, cache: Any, past: int, step: int, stats: StepStats
+    ) -> tuple[DraftTree, bool]:
+        """Whether this step needs the tree mask; a chain of first children where it can't run
+        (never on some models, past the sliding window on others: from that step on)."""
         if tree.layout.is_chain and tree.aux is None:
             return tree, False
-        if self.scorer.tree_support(cache):
+        problem = self.scorer.step_problem(cache, past, tree)
+        if problem is None:
             return tree, True
         if stats.fallback is None:
-            stats.fallback = self.scorer.tree_problem
+            stats.fallback = problem if step == 0 else f"{problem} (from step {step + 1} on)"
             warnings.warn(
                 f"{type(self).__name__}: the target {self.target.path} cannot verify token trees "
-                f"({self.scorer.tree_problem}); verifying each tree's first branch as a chain instead",
+                f"({problem}); verifying each tree's first branch as a chain instead",
                 RuntimeWarning, stacklevel=3,
             )
         return tree.first_branch(), False
@@ -127,7 +133,7 @@ class SpeculativeMethod(Method):
                                  "speculative decoding needs a croppable cache")
         record_past = getattr(cache, "activate_past_recording", None)
         if record_past is not None:
-            record_past()  # sliding-window layers then keep what a crop may need
+            record_past()  # sliding-window layers then keep what a crop (or a tree step) may need
         past = int(state.input_ids.shape[1])
         model_out_hidden = self.drafter.needs_hidden_states
         ctx = DraftContext(state.input_ids, tokens, sampling, self.target.device)
@@ -138,7 +144,10 @@ class SpeculativeMethod(Method):
             with timer.section("draft"):
                 tree = self.drafter.propose(ctx)
             tree = tree.truncate(ctx.max_depth)
-            tree, tree_mode = self._tree_mode(tree, cache, stats)
+            if self.context is not None and tree.span > self.context - past:
+                # positions past the model's context (aux rows reach further than the nodes): drop them
+                tree = tree.select(list(range(tree.n))).truncate(self.context - past - 1)
+            tree, tree_mode = self._tree_mode(tree, cache, past, ctx.step, stats)
             n = tree.n
             with timer.section("verify"):
                 out = self.scorer.score(cache, past, tokens[-1], tree, tree_mode, model_out_hidden)

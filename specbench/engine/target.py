@@ -5,6 +5,12 @@ Chains go through the model's own causal mask and are rolled back with `cache.cr
 every croppable Hugging Face cache supports. Branching trees (and aux positions) need a
 custom 4D additive mask with per-row position ids; `TargetScorer.tree_support` checks once
 per model that the model honours one and falls back to chain verification otherwise.
+
+Sliding-window layers: transformers hands a custom 4D mask to every layer as it is (the
+sliding-window mask is never built), so a tree step is exact only while no position of the
+block is past the smallest window: then the window cuts nothing and the sliding layers still
+hold every entry. `window_problem` checks that per step; beyond the window the loop verifies
+first branches as chains, which the model's own sliding mask and `crop` handle.
 """
 
 from __future__ import annotations
@@ -13,12 +19,23 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specbench.engine.tree import DraftTree
 
 #: attention implementations that add a custom 4D float mask to the scores as given
 TREE_ATTENTION_IMPLS = ("eager", "sdpa")
+#: cache layers `keep_rows` can compact (exact types: subclasses keep other state)
+COMPACTABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+
+
+def model_context(config: Any) -> int | None:
+    """Positions the model holds (prompt and answer together), when its config says."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def static_tree_problem(model: torch.nn.Module, cache: Any) -> str | None:
@@ -30,10 +47,38 @@ def static_tree_problem(model: torch.nn.Module, cache: Any) -> str | None:
     if layers is None:
         return f"cache {type(cache).__name__} has no per-layer tensors to compact"
     for layer in layers:
-        if type(layer) is not DynamicLayer:
-            return (f"its cache has {type(layer).__name__} layers (sliding window, linear or static), "
+        if type(layer) not in COMPACTABLE_LAYERS:
+            return (f"its cache has {type(layer).__name__} layers (static, linear, quantized, ...), "
                     "which a tree step cannot compact")
     return None
+
+
+def sliding_window(cache: Any) -> int | None:
+    """The smallest sliding window (or attention chunk) among the cache's layers; None if none slides."""
+    layers = getattr(cache, "layers", ())
+    windows = [int(layer.sliding_window) for layer in layers if type(layer) is DynamicSlidingWindowLayer]
+    return min(windows, default=None)
+
+
+def window_problem(cache: Any, past: int, tree: DraftTree) -> str | None:
+    """Why a tree step of `tree` on `past` cached entries would not be exact on the cache's
+    sliding layers (None when it is, and always without sliding layers).
+
+    The 4D mask replaces the sliding mask, so every position of the block must be inside the
+    window (past + span <= window): the window then cuts nothing the mask shows. The sliding
+    layers must also return and keep every entry of the forward: they do while they record
+    the past (`activate_past_recording`, as `decode` sets), otherwise only while past + rows
+    stays under the window.
+    """
+    window = sliding_window(cache)
+    if window is None:
+        return None
+    recording = all(getattr(layer, "record_past", False) for layer in cache.layers
+                    if type(layer) is DynamicSlidingWindowLayer)
+    if past + tree.span <= window and (recording or past + tree.rows < window):
+        return None
+    return (f"the context outgrew the smallest sliding window of its attention layers ({window} tokens), "
+            "which a tree mask would bypass")
 
 
 def tree_attention_inputs(
@@ -65,21 +110,35 @@ def keep_rows(cache: Any, past: int, total: int, rows: list[int]) -> None:
 
     A prefix of the block (every chain, and trees accepted along their first branch) is a
     crop; otherwise each layer's accepted entries are gathered to the front of the block in
-    place (DynamicLayer only: `static_tree_problem` makes sure of that).
+    place (`COMPACTABLE_LAYERS` only: `static_tree_problem` makes sure of that). A sliding
+    layer's tensors may start later than position 0 (entries it dropped), its count of seen
+    tokens becomes past + m, and past its window it keeps the last window - 1 entries, as its
+    own `crop` does. `window_problem` makes sure the block itself is all there.
     """
     m = len(rows)
     if rows[-1] == m - 1:  # rows ascend, so this means rows == 0..m-1
         if total > m:
             cache.crop(m - total)
         return
-    index: torch.Tensor | None = None
+    block = torch.tensor(rows, dtype=torch.long)
+    indexes: dict[tuple[torch.device, int], torch.Tensor] = {}  # one copy per device and start
     for layer in cache.layers:
-        if index is None or index.device != layer.keys.device:  # one copy unless layers sit on several devices
-            index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device) + past
-        layer.keys[:, :, past : past + m] = layer.keys[:, :, index]
-        layer.values[:, :, past : past + m] = layer.values[:, :, index]
-        layer.keys = layer.keys[:, :, : past + m]
-        layer.values = layer.values[:, :, : past + m]
+        keys, values = layer.keys, layer.values
+        seen = getattr(layer, "cumulative_length", None)  # sliding layers: tokens seen, not entries held
+        start = past if seen is None else past - (seen - keys.shape[-2])  # where the block starts in the tensors
+        if start < 0:
+            raise RuntimeError(f"keep_rows: a {type(layer).__name__} dropped entries of the block it must compact")
+        index = indexes.get((keys.device, start))
+        if index is None:
+            index = indexes[keys.device, start] = block.to(keys.device) + start
+        keys[:, :, start : start + m] = keys[:, :, index]
+        values[:, :, start : start + m] = values[:, :, index]
+        layer.keys, layer.values = keys[:, :, : start + m], values[:, :, : start + m]
+        if seen is not None:
+            layer.cumulative_length = past + m
+            window = layer.sliding_window
+            if past + m >= window:
+                layer.keys, layer.values = layer.keys[:, :, -window + 1 :], layer.values[:, :, -window + 1 :]
 
 
 def probe_tree_attention(model: torch.nn.Module, dtype: torch.dtype) -> str | None:
@@ -131,6 +190,13 @@ class TargetScorer:
             self._tree_checked = True
             self.tree_problem = static_tree_problem(self.model, cache) or probe_tree_attention(self.model, self.dtype)
         return self.tree_problem is None
+
+    def step_problem(self, cache: Any, past: int, tree: DraftTree) -> str | None:
+        """Why this step cannot run `tree` with the tree mask (None when it can): a model or cache
+        that never can (`tree_support`), or a block that reaches past a sliding window."""
+        if not self.tree_support(cache):
+            return self.tree_problem
+        return window_problem(cache, past, tree)
 
     def score(
         self, cache: Any, past: int, root: int, tree: DraftTree, tree_mode: bool, hidden_states: bool = False

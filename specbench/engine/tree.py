@@ -170,6 +170,19 @@ class DraftTree:
     def layout(self) -> TreeLayout:
         return layout_of(self.parents)
 
+    @property
+    def rows(self) -> int:
+        """Rows of the step's block: the root, the nodes and the aux positions."""
+        return 1 + self.n + (self.aux.k if self.aux is not None else 0)
+
+    @property
+    def span(self) -> int:
+        """Positions the block reaches from the root's on: 1 + the deepest node or aux offset."""
+        deepest = self.layout.max_depth
+        if self.aux is not None and self.aux.k:
+            deepest = max(deepest, int(self.aux.offsets.max()))
+        return 1 + deepest
+
     def select(self, keep: list[int]) -> DraftTree:
         """The sub-tree of nodes `keep` (ascending, closed under taking parents); aux is dropped."""
         where = {old: new for new, old in enumerate(keep)}

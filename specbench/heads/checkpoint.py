@@ -25,16 +25,21 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path), device="cpu")
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-            raise SpecbenchError(f"cannot read head weights {path}: {exc}") from exc
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SpecbenchError(f"cannot read head weights {path}: {reason}; copy or download it again") from exc
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
+        text = str(exc)
+        if "Weights only load failed" in text and "Unsupported operand" not in text:
             raise SpecbenchError(
                 f"refused to load head weights {path}: the pickle holds more than plain tensors "
                 "(torch's weights_only loader rejected it); convert it to safetensors"
             ) from exc
-        raise SpecbenchError(f"cannot read head weights {path}: {str(exc).splitlines()[0]}") from exc
+        raise SpecbenchError(
+            f"cannot read head weights {path}: it is not a complete PyTorch checkpoint (empty, truncated, damaged "
+            "or another kind of file); copy or download it again"
+        ) from exc
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]  # some trainers wrap the state dict
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -54,7 +59,8 @@ def read_config(folder: Path, kind: str) -> dict[str, Any]:
     """config.json of a head folder as a dict, with a clear error when it is missing or broken."""
     path = folder / "config.json"
     if not path.is_file():
-        raise SpecbenchError(f"{kind} head folder {folder} has no config.json")
+        raise SpecbenchError(f"{kind} head folder {folder} has no config.json; give method.head= the folder that "
+                             "holds the head's config.json and weights")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -110,7 +116,13 @@ def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Pat
             f"method.head=/path/to/its {kind} head (published releases load as they are), or train one with "
             f"`python -m specbench train-head method={method} model=...`"
         )
-    folder = Path(resolve_path(spec))
+    prefix, sep, _ = spec.partition(":")
+    if sep and prefix.isidentifier() and not Path(spec).exists():
+        folder = Path(resolve_path(spec))  # a registered prefix:NAME
+    else:
+        folder = Path(spec).expanduser()
     if not folder.is_dir():
-        raise SpecbenchError(f"{kind} head '{spec}' is not a folder; give the folder of a published or trained head")
+        what = "is a file, not a folder" if folder.exists() else "is not a folder (it does not exist)"
+        raise SpecbenchError(f"{kind} head '{spec}' {what}; give method.head= the folder of a published or trained "
+                             f"{kind} head")
     return folder

@@ -153,19 +153,55 @@ class EagleHead(nn.Module):
         return {k: tuple(v.shape) for k, v in self.state_dict().items()}
 
 
+def _setting(config: Any, names: tuple[str, ...], default: Any = None) -> Any:
+    """The first of `names` that `config` sets (transformers' attribute_map aliases included)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _head_rope(text: Any) -> dict[str, Any]:
+    """The target's RoPE settings for the head's (full-width) rotary embedding; targets without
+    RoPE (learned positions, ALiBi) get the default."""
+    rope = getattr(text, "rope_parameters", None)
+    if isinstance(rope, dict) and "rope_type" not in rope:  # per layer type (e.g. full / sliding attention)
+        nested = [v for v in rope.values() if isinstance(v, dict)]
+        rope = rope.get("full_attention", nested[0] if nested else None)
+    if not isinstance(rope, dict) or "rope_type" not in rope:
+        return {"rope_type": "default", "rope_theta": 10000.0}
+    # The head rotates whole heads: a partial rotary factor (GPT-NeoX, Phi) would not fit its q/k.
+    return {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
+
+
 def head_config_for(target_config: Any, num_layers: int = 1) -> LlamaConfig:
-    """A Llama config for a head on `target_config`: the target's width, heads, MLP and RoPE."""
+    """A Llama config for a head on any decoder's config: the target's width, heads, MLP size,
+    norm epsilon and RoPE, read through the generic names (GPT-2's n_embd / n_head / n_inner /
+    layer_norm_epsilon and the like included); what a target does not set gets a Llama default
+    (MLP 4 x width, SiLU, eps 1e-6, RoPE theta 10000)."""
     text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    rope = dict(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    hidden = _setting(text, ("hidden_size", "n_embd", "d_model"))
+    heads = _setting(text, ("num_attention_heads", "n_head", "num_heads"))
+    vocab = _setting(text, ("vocab_size",))
+    if not hidden or not heads or not vocab:
+        raise SpecbenchError(f"cannot size a head for {type(text).__name__}: its config names no hidden size, "
+                             "attention head count or vocabulary size (hidden_size / num_attention_heads / vocab_size)")
+    hidden, heads = int(hidden), int(heads)
+    head_dim = int(_setting(text, ("head_dim",), 0) or hidden // heads)
+    kv_heads = int(_setting(text, ("num_key_value_heads", "num_kv_heads"), heads))
+    if kv_heads < 1 or heads % kv_heads:
+        kv_heads = heads
+    act = _setting(text, ("hidden_act", "activation_function"), "silu")
+    act = act if isinstance(act, str) and act in ACT2FN else "silu"
     return LlamaConfig(
-        vocab_size=int(text.vocab_size), hidden_size=int(text.hidden_size),
-        intermediate_size=int(text.intermediate_size), num_hidden_layers=num_layers,
-        num_attention_heads=int(text.num_attention_heads),
-        num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads),
-        head_dim=int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
-        hidden_act=str(getattr(text, "hidden_act", "silu")), rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(getattr(text, "max_position_embeddings", 2048)), rope_parameters=rope,
-        tie_word_embeddings=False,
+        vocab_size=int(vocab), hidden_size=hidden,
+        intermediate_size=int(_setting(text, ("intermediate_size", "n_inner", "ffn_dim"), 4 * hidden)),
+        num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        hidden_act=act,
+        rms_norm_eps=float(_setting(text, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), 1e-6)),
+        max_position_embeddings=int(_setting(text, ("max_position_embeddings", "n_positions"), 2048)),
+        rope_parameters=_head_rope(text), tie_word_embeddings=False,
     )
 
 
@@ -185,10 +221,29 @@ def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.de
                dtype: torch.dtype) -> EagleHead:
     """An EAGLE-1 head from a folder, checked against the target's hidden size and vocabulary."""
     raw = read_config(folder, "EAGLE")
+    path = folder / "config.json"
+    if "medusa_num_heads" in raw or raw.get("specbench_head") == "medusa":
+        raise SpecbenchError(f"head folder {folder} holds a Medusa head, not an EAGLE one; use it with method=medusa "
+                             "or give method.head= an EAGLE head folder")
     for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
         if key not in raw:
-            raise SpecbenchError(f"EAGLE head config {folder / 'config.json'} has no '{key}' (expected a Llama config)")
-    config = LlamaConfig.from_dict({k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype")})
+            raise SpecbenchError(f"EAGLE head config {path} has no '{key}' (expected a Llama config)")
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "num_key_value_heads",
+                "num_hidden_layers", "head_dim", "vocab_size"):
+        value = raw.get(key)
+        if key in raw and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpecbenchError(f"EAGLE head config {path}: {key} is {value!r}, expected a positive integer")
+    try:
+        config = LlamaConfig.from_dict({k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype")})
+    except Exception as exc:  # noqa: BLE001 - transformers' config validation raises several types
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SpecbenchError(f"EAGLE head config {path} is not a usable Llama config: {reason}") from None
+    if config.hidden_act not in ACT2FN:
+        raise SpecbenchError(f"EAGLE head config {path}: unknown hidden_act {config.hidden_act!r}")
+    kv = int(config.num_key_value_heads or config.num_attention_heads)
+    if config.num_attention_heads % kv:
+        raise SpecbenchError(f"EAGLE head config {path}: {config.num_attention_heads} attention heads cannot share "
+                             f"{kv} key/value heads")
     if "qkv_bias" in raw:  # EAGLE's own name for q/k/v biases (Qwen targets)
         config.attention_bias = bool(raw["qkv_bias"])
     if int(config.hidden_size) != hidden_size:
@@ -203,7 +258,11 @@ def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.de
     # Support what the release has (no input_layernorm on layer 0) and heads trained with one.
     input_norms = tuple(f"layers.{i}.input_layernorm.weight" in state for i in range(n_layers))
     bias = "fc.bias" in state if "fc.weight" in state else bool(raw.get("bias", True))
-    head = EagleHead(config, bias=bias, input_norms=input_norms)
+    try:
+        head = EagleHead(config, bias=bias, input_norms=input_norms)
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # e.g. an unknown rope_type
+        raise SpecbenchError(f"EAGLE head config {folder / 'config.json'} cannot build a head: "
+                             f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}") from None
     check_keys(state, head.expected_shapes(), path, "EAGLE", "EAGLE-1 (fc.*, layers.N.*)", ignore=IGNORED_KEYS)
     embed = state.get("embed_tokens.weight")
     if embed is not None and embed.shape[-1] != hidden_size:

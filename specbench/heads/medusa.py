@@ -87,10 +87,16 @@ def load_medusa(folder: Path, hidden_size: int, vocab_size: int, device: torch.d
                 dtype: torch.dtype) -> MedusaHeads:
     """Medusa-1 heads from a folder, checked against the target's hidden size and vocabulary."""
     config = read_config(folder, "Medusa")
+    if "medusa_num_heads" not in config and (config.get("specbench_head") == "eagle" or "intermediate_size" in config):
+        raise SpecbenchError(f"head folder {folder} holds an EAGLE head, not a Medusa one; use it with method=eagle "
+                             "or eagle2, or give method.head= a Medusa head folder")
     for key in ("medusa_num_heads", "medusa_num_layers"):
-        if not isinstance(config.get(key), int):
+        if not isinstance(config.get(key), int) or isinstance(config.get(key), bool):
             raise SpecbenchError(f"Medusa head config {folder / 'config.json'} has no integer '{key}'")
     num_heads, num_layers = int(config["medusa_num_heads"]), int(config["medusa_num_layers"])
+    if num_heads < 1 or num_layers < 0:
+        raise SpecbenchError(f"Medusa head config {folder / 'config.json'}: medusa_num_heads={num_heads} and "
+                             f"medusa_num_layers={num_layers}; a head folder needs >= 1 head and >= 0 layers")
     path = weights_file(folder, WEIGHT_FILES, "Medusa")
     state = read_state_dict(path)
     width = state.get("0.0.linear.weight", state.get(f"0.{num_layers}.weight"))

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from specbench.core.errors import SpecbenchError
 from specbench.heads.eagle import EagleHead, head_config_for
 from specbench.heads.medusa import MedusaHeads
 
@@ -123,9 +124,12 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
     # Positions t whose target token t + k + 1 is real for every head k (packed rows pad only at the end).
     targets = torch.stack([torch.roll(data.input_ids, -(k + 2), dims=1) for k in range(num_heads)], dim=-1)
     ok = torch.stack([torch.roll(data.valid, -(k + 2), dims=1) for k in range(num_heads)], dim=-1).all(-1)
-    ok[:, L - num_heads - 1 :] = False
+    ok[:, max(0, L - num_heads - 1) :] = False  # (rolled targets wrap around: never past the row)
     ok &= data.valid
     where = ok.nonzero()
+    if not len(where):
+        raise SpecbenchError(f"Medusa training needs documents of at least {num_heads + 2} tokens (each head "
+                             "learns a token further ahead); give longer documents, a larger seq_len or fewer heads")
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = _optimizer(params, lr, weight_decay)
@@ -176,6 +180,9 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
     window = min(window, L - 1)
     lengths = data.valid.sum(1)
     usable = (lengths >= 8).nonzero().flatten()
+    if not len(usable):
+        raise SpecbenchError("EAGLE training needs rows of at least 8 real tokens; give longer documents or a "
+                             "larger seq_len")
     opt = _optimizer(list(head.parameters()), lr, weight_decay)
     start = time.perf_counter()
     head.train()

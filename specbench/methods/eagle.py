@@ -20,7 +20,7 @@ greedy and sampled verification stay lossless with nothing method-specific in th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,7 +53,7 @@ class Eagle2Settings:
     """`method=eagle2` (EAGLE-2, dynamic tree; meanings as in the published code)."""
 
     head: str | None  # head folder (the EAGLE-1 weights load as they are); None is refused with a hint
-    depth: int  # expansion steps after the root's top-k: the tree is up to depth + 1 deep
+    depth: int = field(metadata={"min": 0})  # expansion steps after the root's top-k: the tree is up to depth + 1 deep
     top_k: int  # children per expanded node, and nodes expanded per depth
     total_tokens: int  # tokens verified per step, the root included (total_tokens - 1 draft nodes)
 

@@ -11,7 +11,7 @@ is cleared at the start of every run, so runs are independent.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,7 +28,7 @@ class RecyclingSettings:
     k: int  # candidates kept per token (the adjacency matrix is vocab x k)
     tree_size: int  # nodes of the static tree template
     max_depth: int  # depth of the template
-    decay: float  # the template's prior: rank r is right with probability 0.6 * decay**r
+    decay: float = field(metadata={"max": 1})  # the template's prior: rank r is right with probability 0.6 * decay**r
 
 
 def tree_template(size: int, max_depth: int, k: int, decay: float = 0.5, first: float = 0.6

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from specbench.analysis import report
+from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
@@ -26,8 +29,23 @@ ORDER = [*SUBTASKS, "overall"]
 
 
 def load_check_config(overrides: list[str] | None = None) -> DictConfig:
+    """check.yaml with `key=value` overrides: unknown keys and non-numeric tolerances are errors."""
     cfg = OmegaConf.load(CONFIG_DIR / "check.yaml")
-    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides or []))
+    OmegaConf.set_struct(cfg, True)
+    for item in overrides or []:
+        if "=" not in item:
+            raise SpecbenchError(f"check override '{item}' has no '='; write key=value, "
+                                 "e.g. tolerance.speedup_rel_min=0.2")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException:
+            raise SpecbenchError(f"unknown check setting '{item.split('=', 1)[0]}'; the settings are those of "
+                                 f"{CONFIG_DIR / 'check.yaml'}") from None
+    for tolerances, where in ((cfg.tolerance, "tolerance"), (cfg.quick.get("tolerance") or {}, "quick.tolerance")):
+        for key, value in tolerances.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise SpecbenchError(f"{where}.{key} must be a number >= 0, got {value!r}")
+    return cfg
 
 
 def relative_noise(row: dict[str, float]) -> float:
@@ -107,9 +125,38 @@ def run_quick(cfg: DictConfig, out_dir: Path) -> None:
         runner.run(run_cfg)
 
 
+def gate_problems(group: report.Group) -> list[str]:
+    """What fails a gate whatever the reference says: a method with no answers, failed
+    questions, and greedy answers that differ from the baseline's beyond a numerical near-tie."""
+    problems = []
+    reported = {r.method for r in group.results}
+    for name, runs in sorted(group.methods.items()):
+        skipped = [run.skipped for run in runs if run.skipped]
+        if skipped:
+            problems.append(f"{name}: unreadable answers ({skipped[0]})")
+        elif name not in reported:
+            problems.append(f"{name} has no answers to compare (every question failed or none ran)")
+        failed = sorted({q for run in runs for q in run.failed})
+        if failed:
+            problems.append(f"{name}: {len(failed)} question(s) failed (e.g. {failed[0]}); see its errors.jsonl")
+    for result in group.results:
+        audit = result.audit or {}
+        bugs = [m for m in audit.get("mismatches", []) if not m["near_tie"]]
+        if bugs:
+            m = bugs[0]
+            problems.append(f"{result.method}: {len(bugs)} greedy answer(s) differ from the baseline's, not by a "
+                            f"near-tie (first: question {m['question_id']}, turn {m['turn']}, token {m['position']})")
+    return problems
+
+
 def check(results_dir: Path, ref_dir: Path, cfg: DictConfig, *, update: bool, quick: bool,
-          limit: int | None = None) -> int:
+          limit: int | None = None, allow_missing: bool = False) -> int:
+    """0 when every group matches its reference; 1 on a regression, a failed gate, or a
+    missing reference (unless `allow_missing`)."""
     groups = [report.analyse(g) for g in report.group_runs(report.load_runs(results_dir))]
+    for group in groups:
+        for problem in group.problems:
+            print(f"warning: {problem}", file=sys.stderr)
     groups = [g for g in groups if g.results]
     if not groups:
         raise SpecbenchError(f"no results with a baseline under {results_dir}; run the methods first")
@@ -117,15 +164,27 @@ def check(results_dir: Path, ref_dir: Path, cfg: DictConfig, *, update: bool, qu
     for group in groups:
         path = reference_path(ref_dir, group, quick)
         now = snapshot(group, limit)
+        gates = gate_problems(group)
+        for problem in gates:
+            print(f"FAILED: {group.title}: {problem}")
+        status |= int(bool(gates))
         if update:
+            if gates:
+                print(f"reference {path} not written: fix the failures above first")
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(now, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             print(f"wrote reference {path} ({len(now['methods'])} methods)")
             continue
         if not path.exists():
-            print(f"{group.title}: no reference {path}; write one with `check --update`")
+            hint = "write one with `check --update`"
+            if allow_missing:
+                print(f"{group.title}: no reference {path} (allowed by --allow-missing); {hint}")
+            else:
+                print(f"FAILED: {group.title}: no reference {path}; {hint}, or pass --allow-missing")
+                status = 1
             continue
-        rows, regressed = compare(json.loads(path.read_text(encoding="utf-8")), now, cfg.tolerance)
+        rows, regressed = compare(read_reference(path), now, cfg.tolerance)
         print(f"\n{group.title} against {path}\n")
         print(markdown(["Method", "Subtask", "Metric", "Reference", "Now", "Delta", "Verdict"], rows))
         print(f"\n{'REGRESSION' if regressed else 'no regression'}: {group.title}")
@@ -133,14 +192,38 @@ def check(results_dir: Path, ref_dir: Path, cfg: DictConfig, *, update: bool, qu
     return status
 
 
-def check_main(args: list[str]) -> int:
-    import argparse
+def read_reference(path: Path) -> dict[str, Any]:
+    """A reference file written by `check --update`, checked for the fields `compare` reads."""
+    fix = "write it again with `check --update` (or restore it from git)"
+    try:
+        ref = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecbenchError(f"reference {path} cannot be read ({exc}); {fix}") from None
+    methods = ref.get("methods") if isinstance(ref, dict) else None
+    if not isinstance(methods, dict):
+        raise SpecbenchError(f"reference {path} has no 'methods' table; {fix}")
+    for method, subtasks in methods.items():
+        if not isinstance(subtasks, dict):
+            raise SpecbenchError(f"reference {path}: method {method} is not a table of subtasks; {fix}")
+        for subtask, row in subtasks.items():
+            ok = isinstance(row, dict) and all(
+                isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
+                and math.isfinite(row[k]) and row[k] >= 0 for k in ("speedup", "noise", "mean_accepted"))
+            if not ok or not row["speedup"] > 0:
+                raise SpecbenchError(f"reference {path}: {method} / {subtask} lacks a finite speedup (> 0), noise or "
+                                     f"mean_accepted (>= 0); {fix}")
+    return ref
 
-    parser = argparse.ArgumentParser(prog="python -m specbench check", description=__doc__.splitlines()[0])
+
+def check_main(args: list[str]) -> int:
+
+    parser = ArgumentParser(prog="python -m specbench check", description=__doc__.splitlines()[0])
     parser.add_argument("--results", help="answer files to check (default: check.yaml's results_dir)")
     parser.add_argument("--reference", help="reference folder (default: check.yaml's reference_dir)")
     parser.add_argument("--update", action="store_true", help="write the reference from these results")
     parser.add_argument("--quick", action="store_true", help="run a small slice of the embedded default first")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="a group without a reference passes (by default it fails: a gate must not pass unset)")
     parser.add_argument("overrides", nargs="*", help="check.yaml overrides, e.g. tolerance.speedup_rel_min=0.2")
     opts = parser.parse_args(args)
     cfg = load_check_config(opts.overrides)
@@ -149,5 +232,6 @@ def check_main(args: list[str]) -> int:
         cfg.tolerance = OmegaConf.merge(cfg.tolerance, cfg.quick.get("tolerance") or {})
         with tempfile.TemporaryDirectory(prefix="specbench-check-") as tmp:
             run_quick(cfg, Path(tmp))
-            return check(Path(tmp), ref_dir, cfg, update=opts.update, quick=True)
-    return check(Path(opts.results or cfg.results_dir), ref_dir, cfg, update=opts.update, quick=False)
+            return check(Path(tmp), ref_dir, cfg, update=opts.update, quick=True, allow_missing=opts.allow_missing)
+    return check(Path(opts.results or cfg.results_dir), ref_dir, cfg, update=opts.update, quick=False,
+                 allow_missing=opts.allow_missing)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from specbench.analysis.frame import OVERALL
 from specbench.analysis.report import BASELINE, Group, MethodResult
+from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
 from specbench.core.table import markdown
 
@@ -45,6 +46,8 @@ def _table(group: Group) -> pd.DataFrame:
 
 
 def _speedup_cell(row: pd.Series, runs: int) -> str:
+    if _fmt(row["speedup"]) == "-":  # no speedup (the baseline generated no tokens there)
+        return "-"
     cell = f"{_fmt(row['speedup'])}x"
     return cell + (f" ± {_fmt(row['speedup_std'])}" if runs > 1 else "")
 
@@ -180,11 +183,15 @@ def build(
     groups = [report.analyse(g, tie_margin=tie_margin, upstream_tokenizer=upstream_tokenizer)
               for g in report.group_runs(report.load_runs(results_dir, upstream_model))]
     written: list[Path] = []
-    for group in groups:
-        if group.results:
-            written += write_group(group, out_dir)
-    if figures:
-        written += _figures(groups, out_dir)
+    try:
+        for group in groups:
+            if group.results:
+                written += write_group(group, out_dir)
+        if figures:
+            written += _figures(groups, out_dir)
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write the leaderboard to {out_dir} ({exc.strerror or exc}"
+                             f"{': ' + exc.filename if exc.filename else ''}); choose another --out") from None
     return groups, written
 
 

@@ -7,10 +7,11 @@ measured at the temperature nearest the one asked for, and say why with the numb
 
 from __future__ import annotations
 
-import argparse
+import math
 from pathlib import Path
 
 from specbench.analysis import report
+from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 from specbench.core.table import markdown
 
@@ -29,13 +30,17 @@ def _weights_gb(run: report.Run, extra: bool) -> float | None:
 
 
 def recommend_main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specbench recommend", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m specbench recommend", description=__doc__.splitlines()[0])
     parser.add_argument("--memory-gb", type=float, required=True, help="memory available for weights, in GB")
     parser.add_argument("--training", choices=["yes", "no"], required=True,
                         help="whether methods that need trained drafters/heads are acceptable")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--results", default="results/answers", help="answer files to recommend from")
     opts = parser.parse_args(args)
+    if not math.isfinite(opts.memory_gb) or opts.memory_gb <= 0:
+        raise SpecbenchError(f"--memory-gb must be a positive number of GB, got {opts.memory_gb:g}")
+    if not math.isfinite(opts.temperature) or opts.temperature < 0:
+        raise SpecbenchError(f"--temperature must be a finite number >= 0, got {opts.temperature:g}")
     groups = [report.analyse(g) for g in report.group_runs(report.load_runs(Path(opts.results)))]
     groups = [g for g in groups if g.results]
     if not groups:

@@ -6,9 +6,13 @@ list what is available, and checks values Hydra cannot (ranges, choices).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+import math
+import re
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.prompts import TEMPLATES
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
 from specbench.run.registry import discover, register_with_hydra
@@ -86,33 +90,86 @@ def check_compose(overrides: list[str]) -> None:
             raise SpecbenchError(f"{detail} (prefix a new key with +)") from None
 
 
-def selected_subtasks(task_cfg: DictConfig) -> list[str]:
-    return [s for s in SUBTASKS if task_cfg.get(s)]
+def selected_subtasks(task_cfg: DictConfig | None) -> list[str]:
+    return [s for s in SUBTASKS if task_cfg and task_cfg.get(s)]
+
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+#: folder names (model, method, dataset): one path component, no hidden or parent folder
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Ranges and choices of the plain keys, as one-line errors."""
+    """Ranges and choices of the plain keys, as one-line errors, before anything loads.
+    Normalises `model.stop_strings`: a single string means that one stop string."""
     def fail(msg: str) -> None:
         raise SpecbenchError(msg)
 
-    if not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
+    if not _is_int(cfg.max_new_tokens) or cfg.max_new_tokens < 1:
         fail(f"max_new_tokens must be a positive integer, got {cfg.max_new_tokens!r}")
-    if not isinstance(cfg.temperature, (int, float)) or cfg.temperature < 0:
-        fail(f"temperature must be >= 0 (0 = greedy), got {cfg.temperature!r}")
-    if not isinstance(cfg.top_p, (int, float)) or not 0 < cfg.top_p <= 1:
+    if not _is_number(cfg.temperature) or cfg.temperature < 0:
+        fail(f"temperature must be a finite number >= 0 (0 = greedy), got {cfg.temperature!r}")
+    if not _is_number(cfg.top_p) or not 0 < cfg.top_p <= 1:
         fail(f"top_p must be in (0, 1], got {cfg.top_p!r}")
-    if not isinstance(cfg.top_k, int) or cfg.top_k < 0:
+    if not _is_int(cfg.top_k) or cfg.top_k < 0:
         fail(f"top_k must be an integer >= 0 (0 = off), got {cfg.top_k!r}")
-    if cfg.limit is not None and (not isinstance(cfg.limit, int) or cfg.limit < 1):
+    if cfg.limit is not None and (not _is_int(cfg.limit) or cfg.limit < 1):
         fail(f"limit must be a positive integer or null, got {cfg.limit!r}")
-    for key in ("runs",):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            fail(f"{key} must be a positive integer, got {cfg[key]!r}")
-    if not isinstance(cfg.warmup, int) or cfg.warmup < 0:
+    if not _is_int(cfg.runs) or cfg.runs < 1:
+        fail(f"runs must be a positive integer, got {cfg.runs!r}")
+    if not _is_int(cfg.warmup) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
+    if not _is_int(cfg.seed) or not 0 <= cfg.seed < 2**63:
+        fail(f"seed must be an integer >= 0, got {cfg.seed!r}")
+    if cfg.threads is not None and (not _is_int(cfg.threads) or cfg.threads < 1):
+        fail(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
+    if not isinstance(cfg.device, str) or not DEVICE.fullmatch(cfg.device):
+        fail(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    for key, value in (("dtype", cfg.dtype), ("model.dtype", cfg.model.get("dtype"))):
+        if value is not None and value not in DTYPES or key == "dtype" and value is None:
+            fail(f"{key} must be one of {', '.join(DTYPES)}{' or null' if key != 'dtype' else ''}, got {value!r}")
+    for key in ("overwrite", "baseline", "progress"):
+        if not isinstance(cfg[key], bool):
+            fail(f"{key} must be true or false, got {cfg[key]!r}")
     if cfg.on_error not in ("record", "raise"):
         fail(f"on_error must be record or raise, got {cfg.on_error!r}")
-    if not selected_subtasks(cfg.task):
+    if not selected_subtasks(cfg.get("task")):
         fail(f"no subtask selected; use task=all or task=[{','.join(SUBTASKS[:2])}]")
-    if OmegaConf.is_missing(cfg.model, "path") or not cfg.model.path:
+    if OmegaConf.is_missing(cfg.model, "path") or not cfg.model.path or not isinstance(cfg.model.path, str):
         fail("model.path is not set; use model=local model.path=/path/to/model (or a hub id)")
+    if cfg.model.template not in TEMPLATES:
+        fail(f"model.template must be one of {', '.join(TEMPLATES)}, got {cfg.model.template!r}")
+    for key, value in (("model.name", cfg.model.name), ("dataset.name", cfg.dataset.name),
+                       ("method.name", cfg.method.name)):
+        if not isinstance(value, str) or not NAME.fullmatch(value):
+            fail(f"{key} must be a plain folder name (letters, digits, _ . + -), got {value!r}")
+    check_stop_strings(cfg)
+
+
+def check_stop_strings(cfg: DictConfig) -> None:
+    """`model.stop_strings=abc` means the one stop string "abc" (not "a", "b", "c")."""
+    value = cfg.model.get("stop_strings")
+    if value is None:
+        value = []
+    elif isinstance(value, str):
+        value = [value]
+    elif isinstance(value, ListConfig):
+        value = list(value)
+    else:
+        raise SpecbenchError("model.stop_strings must be a list of strings, e.g. "
+                             f"'model.stop_strings=[\"</s>\",\"###\"]', got {value!r}")
+    bad = [v for v in value if not isinstance(v, str) or not v]
+    if bad:
+        raise SpecbenchError(f"model.stop_strings must be non-empty strings, got {bad[0]!r}; quote numbers: "
+                             "'model.stop_strings=[\"1.\"]'")
+    with open_dict(cfg):
+        cfg.model.stop_strings = value

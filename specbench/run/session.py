@@ -6,11 +6,14 @@ summary printed after a run comes from `specbench.analysis` (the cli asks for it
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from specbench.core.answers import (
     locked,
     read_answers,
     read_meta,
+    repair_torn_tail,
     run_dir,
     write_meta,
 )
@@ -38,6 +42,7 @@ from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer, timer_for
 from specbench.engine.api import Method
+from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
 from specbench.run.config import check_values, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
@@ -53,7 +58,7 @@ def load_dataset(dataset_cfg: DictConfig) -> list[data.Question]:
     path = Path(dataset_cfg.path)
     if dataset_cfg.get("generator"):
         write_generated(dataset_cfg, path)
-    elif not path.is_file():
+    elif not path.exists():
         raise SpecbenchError(
             f"question file {path} not found; run `python -m specbench data fetch` (or `make data`) to download it"
         )
@@ -97,13 +102,17 @@ def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:
         )
 
 
-def write_or_explain(writer: AnswerWriter, record: dict[str, Any]) -> None:
-    try:
-        writer.write(record)
-    except OSError as exc:
-        raise SpecbenchError(
-            f"cannot write {writer.path} ({exc.strerror or exc}); free space, then run again to resume"
-        ) from None
+@dataclass
+class Outcome:
+    """What one method run of a session did (answers written, questions failed, where)."""
+
+    label: str
+    folder: Path
+    todo: int
+    kept: int = 0  # answers already there (a resumed run)
+    written: int = 0
+    failed: int = 0
+    first_error: str = ""
 
 
 class Session:
@@ -130,7 +139,15 @@ class Session:
             self.target.eos_ids, int(cfg.max_new_tokens), cfg.model.stop_strings, self.target.tokenizer.decode
         )
         self.timer: Timer = timer_for(device)
-        self.context = getattr(self.target.model.config, "max_position_embeddings", None)
+        self.context = model_context(self.target.model.config)
+        if self.context is not None and int(cfg.max_new_tokens) >= self.context:
+            raise SpecbenchError(
+                f"max_new_tokens={cfg.max_new_tokens} does not fit the context of {cfg.model.path} "
+                f"({self.context} positions for prompt and answer together); use max_new_tokens=... below "
+                f"{self.context} (longer prompts get the rest of the context, noted per answer)"
+            )
+        self.interrupted: Callable[[], bool] = lambda: False  # `run` sets the Ctrl-C flag
+        self.outcomes: list[Outcome] = []
 
     def run_dir(self, method_name: str, run: int) -> Path:
         c = self.cfg
@@ -151,6 +168,7 @@ class Session:
         ident = identity(self.cfg, method_cfg, self.target.dtype)
         self.prepare(folder, ident)
         done = {r["question_id"] for r in read_answers(folder / ANSWERS, repair=True)}
+        repair_torn_tail(folder / ERRORS)  # a torn error row would glue onto the next one
         todo = [q for q in self.questions if q.question_id not in done]
         label = f"{method_cfg.name} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
         if not todo:
@@ -169,11 +187,13 @@ class Session:
             "started": time.time(),
         })
         method.reset()
+        if self.interrupted():
+            raise self.interruption(Outcome(label, folder, len(todo)))
         for _ in range(int(self.cfg.warmup)):
             self.answer(method, self.questions[0])
         if done:
             print(f"{label}: resuming, {len(done)} answers kept, {len(todo)} to go", file=sys.stderr)
-        self.answer_all(method, method_cfg.name, run, folder, todo, label)
+        self.answer_all(method, method_cfg.name, run, folder, todo, label, kept=len(done))
 
     def prepare(self, folder: Path, ident: dict[str, Any]) -> None:
         """Start over when asked; refuse to mix answers of another config into a folder."""
@@ -189,49 +209,69 @@ class Session:
             )
 
     def answer_all(
-        self, method: Method, name: str, run: int, folder: Path, todo: list[data.Question], label: str
+        self, method: Method, name: str, run: int, folder: Path, todo: list[data.Question], label: str,
+        kept: int = 0,
     ) -> None:
         """Answer `todo`, one flushed line each. A failing question becomes a row in
-        errors.jsonl and the run goes on; Ctrl-C keeps what was written and says so."""
-        written = failed = 0
+        errors.jsonl and the run goes on; Ctrl-C (seen at the next question boundary, the last
+        one included) keeps what was written, says so and ends the whole run."""
+        outcome = Outcome(label, folder, len(todo), kept)
+        self.outcomes.append(outcome)
         tokens = seconds = 0.0
         bar = tqdm(todo, desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
         try:
-            with interrupt_flag() as interrupted, AnswerWriter(folder / ANSWERS) as writer:
+            with AnswerWriter(folder / ANSWERS) as writer:
                 for question in bar:
-                    if interrupted():
+                    if self.interrupted():
                         raise KeyboardInterrupt
                     try:
                         record = self.answer(method, question)
                     except Exception as exc:  # noqa: BLE001 - any failure of one question is recorded
                         if self.cfg.on_error == "raise":
                             raise
-                        failed += 1
-                        self.record_error(folder, question, name, run, exc)
+                        outcome.failed += 1
+                        reason = self.record_error(folder, question, name, run, exc)
+                        outcome.first_error = outcome.first_error or f"question {question.question_id}: {reason}"
                         continue
                     record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
                     record[EXTRA_KEY].update(method=name, run=run)
-                    write_or_explain(writer, record)
-                    written += 1
+                    writer.write(record)
+                    outcome.written += 1
                     tokens += sum(record["choices"][0]["new_tokens"])
                     seconds += sum(record["choices"][0]["wall_time"])
                     bar.set_postfix_str(f"{tokens / seconds:.1f} tok/s")
+            if self.interrupted():
+                raise KeyboardInterrupt
         except KeyboardInterrupt:
             bar.close()
-            print(f"\n{label}: interrupted after {written} of {len(todo)} questions; the answers so far are saved "
-                  f"in {folder}; run the same command again to resume", file=sys.stderr)
-            raise
-        if failed:
-            print(f"{label}: {failed} question(s) failed, listed in {folder / ERRORS}", file=sys.stderr)
+            raise self.interruption(outcome) from None
+        bar.close()
+        if outcome.failed == outcome.todo and not outcome.kept:  # not one answer: something is broken
+            raise SpecbenchError(
+                f"{label}: all {outcome.failed} questions failed (first: {outcome.first_error}); "
+                f"the reasons are in {folder / ERRORS}"
+            )
+        if outcome.failed:
+            print(f"{label}: {outcome.failed} question(s) failed, listed in {folder / ERRORS}", file=sys.stderr)
 
-    def record_error(self, folder: Path, question: data.Question, name: str, run: int, exc: Exception) -> None:
+    @staticmethod
+    def interruption(outcome: Outcome) -> KeyboardInterrupt:
+        print(f"\n{outcome.label}: interrupted after {outcome.written} of {outcome.todo} questions; the answers "
+              f"so far are saved in {outcome.folder}; run the same command again to resume", file=sys.stderr)
+        return KeyboardInterrupt()
+
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.failed]
+
+    def record_error(self, folder: Path, question: data.Question, name: str, run: int, exc: Exception) -> str:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         print(f"question {question.question_id} failed: {reason}", file=sys.stderr)
         with AnswerWriter(folder / ERRORS) as errors:
-            write_or_explain(errors, {"question_id": question.question_id, "category": question.category,
-                                      "method": name, "run": run, "error": reason, "tstamp": time.time()})
+            errors.write({"question_id": question.question_id, "category": question.category,
+                          "method": name, "run": run, "error": reason, "tstamp": time.time()})
+        return reason
 
     def answer(self, method: Method, question: data.Question) -> dict[str, Any]:
         """Generate every turn of one question; returns the upstream-format record."""
@@ -240,17 +280,16 @@ class Session:
         texts: list[str] = []
         choice: dict[str, list[Any]] = {k: [] for k in ("turns", "decoding_steps", "new_tokens", "wall_time")}
         accept: list[int] = []
-        extra_keys = ("output_ids", "prompt_tokens", "prefill_time", "sections", "stats")
+        extra_keys = ("output_ids", "prompt_tokens", "prefill_time", "sections", "stats", "max_new_tokens")
         extra: dict[str, list[Any]] = {k: [] for k in extra_keys}
         for j in range(len(question.turns)):
             ids = prompt_ids(self.cfg.model.template, tok, question.turns[: j + 1], texts)
-            if self.context and len(ids) >= self.context:
-                raise SpecbenchError(f"prompt of {len(ids)} tokens does not fit the model's context of {self.context}")
+            stop = self.stop_for(len(ids))
             input_ids = torch.tensor([ids], device=self.target.device)
             self.timer.start()
             state = method.prefill(input_ids, self.sampling)
             self.timer.mark("prefill")
-            result = method.decode(state, self.sampling, self.stop, self.timer)
+            result = method.decode(state, self.sampling, stop, self.timer)
             timing = self.timer.stop()
             if len(result.tokens) != 1 + sum(result.accept_lengths):
                 raise RuntimeError(f"{type(method).__name__} returned tokens that its accept_lengths do not add up to")
@@ -265,12 +304,23 @@ class Session:
             extra["prefill_time"].append(timing.marks["prefill"] if method.splits_prefill else None)
             extra["sections"].append(timing.sections)
             extra["stats"].append(result.stats)
+            extra["max_new_tokens"].append(stop.max_new_tokens)
         return {
             "question_id": question.question_id,
             "category": question.category,
             "choices": [{"index": 0, **choice, "accept_lengths": accept}],
             EXTRA_KEY: {"subtask": question.subtask, **extra},
         }
+
+    def stop_for(self, prompt_tokens: int) -> StopCriteria:
+        """The stop rules of one turn: max_new_tokens, cut to what the context leaves after the
+        prompt (the same cut for every method, since all see the same prompt)."""
+        if self.context is None or prompt_tokens + self.stop.max_new_tokens <= self.context:
+            return self.stop
+        room = self.context - prompt_tokens
+        if room < 1:
+            raise SpecbenchError(f"prompt of {prompt_tokens} tokens does not fit the model's context of {self.context}")
+        return dataclasses.replace(self.stop, max_new_tokens=room)
 
     def answer_text(self, tokens: list[int]) -> str:
         """The answer as text: EOS dropped, cut at a stop string, stripped (as upstream)."""
@@ -284,11 +334,14 @@ class Session:
 
 
 def run(cfg: DictConfig) -> Session:
-    """`python -m specbench run`: the baseline first (unless baseline=false), then the method."""
+    """`python -m specbench run`: the baseline first (unless baseline=false), then the method.
+    One Ctrl-C ends the run at the next question boundary, whichever phase it falls in."""
     session = Session(cfg)
     plan = [cfg.method]
     if cfg.baseline and cfg.method.name != "baseline":
         plan.insert(0, OmegaConf.load(CONFIG_DIR / "method" / "baseline.yaml"))
-    for method_cfg in plan:
-        session.run_method(method_cfg)
+    with interrupt_flag() as interrupted:
+        session.interrupted = interrupted
+        for method_cfg in plan:
+            session.run_method(method_cfg)
     return session

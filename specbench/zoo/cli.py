@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from omegaconf import DictConfig
 
+from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 from specbench.zoo import store
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m specbench zoo",
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m specbench zoo",
                                      description="The embedded tiny model zoo (model=tiny).")
     sub = parser.add_subparsers(dest="action", required=True)
     build = sub.add_parser("build", help="build the zoo (or reuse the cached one) and print its quality card")
