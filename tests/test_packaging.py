@@ -207,3 +207,29 @@ def test_cluster_study_dry_run_spreads_methods_with_the_launcher_preset(tmp_path
         paths = [arg.partition("=")[2] for arg in command if arg.startswith(("dataset.path=", "output_dir="))]
         assert len(paths) == 2 and all(Path(p).is_absolute() for p in paths)
         check_overrides(command[3:])
+
+
+def test_the_github_workflow_template_uses_real_commands(tmp_path, monkeypatch):
+    """scripts/github/specbench-check.yml: every `specbench` command it runs exists and takes those
+    flags, and its cache holds the folder the zoo is really built in."""
+    import yaml
+
+    from helpers import REPO, cli
+    from specbench.cli import COMMANDS
+    from specbench.zoo import store
+
+    workflow = yaml.safe_load((REPO / "scripts" / "github" / "specbench-check.yml").read_text())
+    steps = workflow["jobs"]["check"]["steps"]
+    lines = [line for step in steps for line in step.get("run", "").splitlines()]
+    found = [call for line in lines for call in re.findall(r"(?:^|\$\()\s*specbench (.*)", line)]
+    calls = [shlex.split(call.split(")")[0]) for call in found]
+    assert {words[0] for words in calls} == {"zoo", "check"}, calls
+    for words in calls:
+        assert words[0] in COMMANDS
+        flags = [w for w in words[1:] if w.startswith("--")]
+        command = words[:2] if words[0] == "zoo" else words[:1]  # zoo's flags belong to its actions
+        helped = cli(*command, "--help", cwd=tmp_path).out
+        assert all(f in helped for f in flags), (words, helped)
+    monkeypatch.delenv(store.ENV_VAR, raising=False)
+    cached = next(s for s in steps if s.get("uses", "").startswith("actions/cache"))["with"]["path"]
+    assert Path(cached).expanduser() == store.zoo_root()

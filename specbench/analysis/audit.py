@@ -11,6 +11,10 @@ from specbench.analysis.frame import SECTION
 from specbench.analysis.runs import Run
 from specbench.core.answers import EXTRA_KEY
 
+#: `report --recheck` verdicts on a greedy mismatch (see analysis.recheck); "not rechecked: <why>" otherwise
+NUMERICAL, BASELINE_OFF, BUG = "numerical", "baseline off", "bug"
+RECHECK_VERDICTS = (NUMERICAL, BASELINE_OFF, BUG)
+
 
 def accept_histogram(runs: list[Run]) -> Counter:
     """Decoding steps by the number of tokens they emitted (bonus included)."""
@@ -50,13 +54,15 @@ def time_split(rows: pd.DataFrame) -> dict[str, float] | None:
 
 def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: float) -> dict[str, Any]:
     """Greedy runs only: which answers equal the baseline's token for token; for each
-    mismatch the first diverging position and whether the baseline's top-2 logit margin
-    there was a numerical near-tie (<= tie_margin) or not (a bug)."""
+    mismatch the first diverging position, both answers' tokens there (None where one ended),
+    and whether the baseline's top-2 logit margin there was a numerical near-tie (<= tie_margin)
+    or not (a bug, unless `report --recheck` finds otherwise: see `is_bug`)."""
     base_by_run = {r.run: r for r in base_runs}
     compared = equal = 0
     mismatches = []
     for run in method_runs:
-        base = {r["question_id"]: r for r in base_by_run.get(run.run, base_runs[0]).records}
+        partner = base_by_run.get(run.run, base_runs[0])
+        base = {r["question_id"]: r for r in partner.records}
         for record in run.records:
             ours, ref = record.get(EXTRA_KEY) or {}, (base.get(record["question_id"]) or {}).get(EXTRA_KEY) or {}
             if "output_ids" not in ours or "output_ids" not in ref:
@@ -71,10 +77,26 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
             margins = ((ref_stats[turn] or {}).get("top2_margin") or []) if turn < len(ref_stats) else []
             margin = margins[pos] if pos < len(margins) else None
             mismatches.append({
-                "run": run.run, "question_id": record["question_id"], "turn": turn, "position": pos,
-                "margin": margin, "near_tie": margin is not None and margin <= tie_margin,
+                "run": run.run, "baseline_run": partner.run, "question_id": record["question_id"], "turn": turn,
+                "position": pos, "margin": margin, "near_tie": margin is not None and margin <= tie_margin,
+                "token": _token(ours["output_ids"], turn, pos), "baseline_token": _token(ref["output_ids"], turn, pos),
             })
     return {"compared": compared, "equal": equal, "mismatches": mismatches, "tie_margin": tie_margin}
+
+
+def _token(output_ids: list[list[int]], turn: int, pos: int) -> int | None:
+    """The token at (turn, pos); None where that answer had already ended."""
+    ids = output_ids[turn] if turn < len(output_ids) else []
+    return ids[pos] if pos < len(ids) else None
+
+
+def is_bug(mismatch: dict[str, Any]) -> bool:
+    """Whether a greedy mismatch counts as a lossless bug: the float64 recheck's verdict when there
+    is one ("bug" yes; "numerical", "baseline off" no), else the near-tie rule (not a near-tie)."""
+    verdict = mismatch.get("recheck")
+    if verdict in RECHECK_VERDICTS:
+        return verdict == BUG
+    return not mismatch["near_tie"]
 
 
 def first_divergence(ours: list[list[int]], ref: list[list[int]]) -> tuple[int, int] | None:

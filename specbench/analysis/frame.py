@@ -5,8 +5,15 @@ Upstream Spec-Bench definitions (speed.py), kept as the default so numbers are c
 - a method's speedup on a subtask = mean of its per-question tokens/s / mean of the baseline's
   over the same questions, the baseline run paired by run number (else the baseline's first
   run); mean over runs, ± sample std (ddof=1), 95% paired bootstrap interval over questions;
-- #mean accepted tokens = mean over all decoding steps of accept_lengths (bonus included,
-  1.00 for autoregressive decoding).
+- #mean accepted tokens = mean over all decoding steps of accept_lengths, the target's own bonus
+  token counted in every step (Spec-Bench's convention: accepted draft tokens + 1 per step; 1.00
+  for autoregressive decoding); a ratio of sums: all tokens emitted in decoding / all steps.
+
+Besides upstream's: the acceptance rate in vLLM's sense (its spec-decode metrics'
+"draft acceptance rate") = accepted draft tokens / drafted tokens, no bonus token, from the
+engine's per-turn `drafted_tokens` / `accepted_tokens` (tree drafts count every node drafted);
+a ratio of sums over the subtask's answers (every run), not a mean of per-question ratios; nan
+for methods that record no draft stats (the baseline, most non-speculative methods).
 """
 
 from __future__ import annotations
@@ -23,12 +30,12 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS, subtask_of
 
 KEYS = ["dataset", "model", "temperature", "method", "run", "question_id", "category", "subtask", "turn"]
-MEASURES = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "prefill_time"]
+MEASURES = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "drafted", "draft_accepted", "prefill_time"]
 SECTION = "section_"  # prefix of the per-section time columns (section_draft, section_verify, ...)
 OVERALL = "overall"
 ORDER = [*SUBTASKS, OVERALL]
 METRICS = ["speedup", "speedup_std", "ci_low", "ci_high", "tokens_per_s", "tokens_per_s_std",
-           "baseline_tokens_per_s", "mean_accepted", "questions", "runs"]
+           "baseline_tokens_per_s", "mean_accepted", "acceptance_rate", "questions", "runs"]
 BOOTSTRAP_SAMPLES = 1000
 
 
@@ -48,6 +55,7 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
     choice = record["choices"][0]
     extra = record.get(EXTRA_KEY) or {}
     prefill, sections = extra.get("prefill_time") or [], extra.get("sections") or []
+    stats = extra.get("stats") or []
     accepts = _accepts_by_turn(choice)
     if tokenizer is not None and "turns" not in choice:
         raise SpecbenchError(f"{run.source}: question {record['question_id']} has no answer text (choices[0].turns) "
@@ -60,9 +68,19 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
             "ref_tokens": tokens if tokenizer is None else len(tokenizer(choice["turns"][turn]).input_ids) - 1,
             "wall_time": seconds, "steps": len(accepts[turn]), "accepted": sum(accepts[turn]),
             "prefill_time": _float(prefill[turn] if turn < len(prefill) else None),
+            **_draft_counts(stats[turn] if turn < len(stats) else None),
         }
         row.update({SECTION + k: v for k, v in ((sections[turn] if turn < len(sections) else None) or {}).items()})
         yield row
+
+
+def _draft_counts(stats: Any) -> dict[str, float]:
+    """A turn's engine counters: draft tokens proposed and accepted (nan when not recorded)."""
+    stats = stats if isinstance(stats, dict) else {}
+    drafted, accepted = stats.get("drafted_tokens"), stats.get("accepted_tokens")
+    if not isinstance(drafted, (int, float)) or not isinstance(accepted, (int, float)):
+        return {"drafted": float("nan"), "draft_accepted": float("nan")}
+    return {"drafted": float(drafted), "draft_accepted": float(accepted)}
 
 
 def _float(value: Any) -> float:
@@ -82,9 +100,9 @@ def _accepts_by_turn(choice: dict[str, Any]) -> list[list[int]]:
 
 def per_question(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per method x run x question: its turns summed, and its tokens/s."""
-    sums = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted"]
+    sums = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "drafted", "draft_accepted"]
     grouped = frame.groupby(["method", "run", "question_id"], sort=True)
-    out = grouped[sums].sum().join(grouped["subtask"].first()).reset_index()
+    out = grouped[sums].sum(min_count=1).join(grouped["subtask"].first()).reset_index()
     out["tokens_per_s"] = out["new_tokens"] / out["wall_time"]
     out["ref_tokens_per_s"] = out["ref_tokens"] / out["wall_time"]
     return out
@@ -126,7 +144,8 @@ def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """One row per method x subtask (Spec-Bench order, then "overall"), columns METRICS.
 
     A subtask's questions are those a method answered in some run where the baseline did too;
-    #mean accepted tokens and tokens/s count every run's answers to them."""
+    #mean accepted tokens, the acceptance rate and tokens/s count every run's answers to them
+    (the first two as ratios of sums)."""
     questions = per_question(frame)
     pairs = with_overall(pair_with_baseline(questions, baseline))
     keys = ["method", "subtask"]
@@ -143,8 +162,9 @@ def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     out["ci_high"] = pd.Series({k: v[1] for k, v in ci.items()})
     out["questions"] = per_q.groupby(level=keys).size()
     answered = with_overall(questions).merge(per_q.index.to_frame(index=False), on=[*keys, "question_id"])
-    sums = answered.groupby(keys)[["accepted", "steps"]].sum()
+    sums = answered.groupby(keys)[["accepted", "steps", "drafted", "draft_accepted"]].sum(min_count=1)
     out["mean_accepted"] = sums["accepted"] / sums["steps"]
+    out["acceptance_rate"] = (sums["draft_accepted"] / sums["drafted"]).where(sums["drafted"] > 0)
     run_tps = answered.groupby([*keys, "run"])["tokens_per_s"].mean().groupby(level=keys)
     out["tokens_per_s"] = run_tps.mean()
     out["tokens_per_s_std"] = run_tps.agg(sample_std)

@@ -14,7 +14,16 @@ import pandas as pd
 
 from specbench.analysis import audit
 from specbench.analysis.frame import speedups, tidy
-from specbench.analysis.runs import BASELINE, Group, Run, group_runs, load_runs, method_facts
+from specbench.analysis.runs import (
+    BASELINE,
+    Group,
+    Run,
+    group_runs,
+    load_runs,
+    method_facts,
+    method_memory,
+    run_contention,
+)
 
 __all__ = ["BASELINE", "Group", "MethodResult", "Run", "analyse", "group_runs", "load_runs"]
 
@@ -31,6 +40,8 @@ class MethodResult:
     time_split: dict[str, float] | None = None
     audit: dict[str, Any] | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    contended: list[dict[str, Any]] = field(default_factory=list)  # runs.run_contention of its flagged runs
+    memory: dict[str, Any] | None = None  # runs.method_memory: measured peak and drafter weights
 
 
 def metric_rows(table: pd.DataFrame, method: str) -> dict[str, dict[str, float]]:
@@ -95,8 +106,28 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.depth_acceptance = audit.depth_acceptance(runs)
         result.time_split = audit.time_split(group.frame[group.frame["method"] == name])
         result.facts = method_facts(runs)
+        result.contended = [c for run in runs if (c := run_contention(run))]
+        result.memory = method_memory(runs)
         if group.temperature == 0 and name != BASELINE:
             result.audit = audit.lossless_audit(runs, base_runs, tie_margin)
         group.results.append(result)
     group.results.sort(key=lambda r: -r.rows["overall"]["speedup"])
+    if note := contention_note(group):
+        group.notes.append(f"{group.title}: {note}")
     return group
+
+
+def contention_note(group: Group) -> str | None:
+    """Which runs were measured while other processes loaded the machine, and how much; None when
+    none was."""
+    flagged = [(r.method, c) for r in group.results for c in r.contended]
+    if not flagged:
+        return None
+    cores = [c["other_cores"] for _, c in flagged if c["other_cores"] is not None]
+    threshold = next((c["threshold"] for _, c in flagged if c["threshold"] is not None), None)
+    load = f"other processes used up to {max(cores):.2f} CPU cores" if cores else "other processes held the GPU"
+    runs = ", ".join(f"{method} run {c['run']}" for method, c in flagged)
+    base = " (a contended baseline skews every speedup)" if any(m == BASELINE for m, _ in flagged) else ""
+    limit = f", threshold {threshold:g}" if threshold is not None else ""
+    return (f"measured under contention ({load}{limit}): {runs}{base}; "
+            "run them again on a quiet machine (overwrite=true) for clean timings")

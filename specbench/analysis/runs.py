@@ -33,6 +33,7 @@ class Run:
     failed: dict[int, str] = field(default_factory=dict)  # question id -> reason (errors.jsonl)
     problems: list[str] = field(default_factory=list)
     skipped: str | None = None  # why its files could not be read: then it holds nothing and counts nowhere
+    part_metas: list[dict[str, Any]] = field(default_factory=list)  # the meta of each part (shards) read
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Group:
     results: list[Any] = field(default_factory=list)  # report.MethodResult, best overall speedup first
     problems: list[str] = field(default_factory=list)
     frame: pd.DataFrame | None = None  # frame.tidy: one row per question x turn x method x run
+    notes: list[str] = field(default_factory=list)  # caveats on sound numbers (measured under contention)
     speedups: pd.DataFrame | None = None  # frame.speedups: one row per method x subtask
 
     @property
@@ -83,6 +85,7 @@ def _read_parts(run: Run, folder: Path) -> None:
     for part in parts:
         meta = _meta(part / META)
         run.meta = run.meta or meta or None
+        run.part_metas.append(meta)
         expected.update(meta.get("expected_questions", []))
         answers.append((part / ANSWERS, _records(part / ANSWERS)))
         try:
@@ -248,3 +251,37 @@ def method_facts(runs: list[Run]) -> dict[str, Any]:
                 facts["extra_parameters"] = run.meta["extra_parameters"]
             return facts
     return {}
+
+
+def run_contention(run: Run) -> dict[str, Any] | None:
+    """How much other processes loaded the machine while the run was measured (meta `contention`,
+    the most loaded of its shards) when that was flagged; None for a clean or unmeasured run."""
+    found = [meta.get("contention") for meta in run.part_metas]
+    flagged = [c for c in found if isinstance(c, dict) and c.get("flagged") is True]
+    if not flagged:
+        return None
+    cores = [c["busy_other_cores"] for c in flagged if isinstance(c.get("busy_other_cores"), (int, float))]
+    reasons = [r for c in flagged for r in c.get("reasons") or [] if isinstance(r, str)]
+    threshold = next((c["threshold"] for c in flagged if isinstance(c.get("threshold"), (int, float))), None)
+    return {"run": run.run, "other_cores": max(cores) if cores else None, "threshold": threshold, "reasons": reasons}
+
+
+def method_memory(runs: list[Run]) -> dict[str, Any] | None:
+    """A method's measured memory (meta `memory`): the largest phase peak over its runs and shards,
+    how it was measured, and the drafter's own weights; None when no run measured it."""
+    peaks: list[tuple[int, str]] = []
+    drafter = None
+    for meta in (m for run in runs for m in run.part_metas):
+        memory = meta.get("memory")
+        if not isinstance(memory, dict):
+            continue
+        if isinstance(peak := memory.get("peak_bytes"), int) and not isinstance(peak, bool) and peak > 0:
+            peaks.append((peak, str(memory.get("measured_by") or "")))
+        drafted = memory.get("drafter")
+        weights = drafted.get("weights_bytes") if isinstance(drafted, dict) else None
+        if isinstance(weights, int) and not isinstance(weights, bool) and weights >= 0:
+            drafter = weights
+    if not peaks and drafter is None:
+        return None
+    peak, how = max(peaks) if peaks else (None, None)
+    return {"peak_bytes": peak, "measured_by": how, "drafter_bytes": drafter}

@@ -109,7 +109,15 @@ def _report(args: list[str]) -> int:
     parser.add_argument("--upstream-count", metavar="TOKENIZER",
                         help="count the baseline's tokens as upstream speed.py does (re-tokenised text)")
     parser.add_argument("--no-figures", action="store_true")
+    parser.add_argument("--recheck", action="store_true",
+                        help="re-run the target alone in float64 (CPU) at each greedy divergence from the baseline: "
+                             "numerical, baseline off, or bug")
+    parser.add_argument("--recheck-limit", type=int, metavar="N",
+                        help="recheck at most N divergences (one float64 forward each; the rest say so)")
     opts = parser.parse_args(args)
+    if opts.recheck_limit is not None and opts.recheck_limit < 0:
+        raise SpecbenchError(f"--recheck-limit must be >= 0, got {opts.recheck_limit}")
+    recheck = opts.recheck or opts.recheck_limit is not None
     from pathlib import Path
 
     from specbench.presentation import leaderboard
@@ -124,11 +132,15 @@ def _report(args: list[str]) -> int:
     groups, written = leaderboard.build(
         Path(opts.results), Path(opts.out), upstream_model=opts.upstream_model, tie_margin=opts.tie_margin,
         upstream_tokenizer=tokenizer, figures=not opts.no_figures,
+        recheck=recheck, recheck_limit=opts.recheck_limit,
     )
     for group in groups:
         if group.results:
             print(leaderboard.console(group))
-        for problem in group.problems:
+            if recheck and group.temperature == 0:
+                print("\n".join(leaderboard.audit_lines(group) or ["lossless audit: every greedy answer equals "
+                                                                   "the baseline's; nothing to recheck"]))
+        for problem in [*group.problems, *group.notes]:
             print(f"warning: {problem}", file=sys.stderr)
     print(leaderboard.DEFINITIONS)
     if written:

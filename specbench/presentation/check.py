@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specbench.analysis import report
+from specbench.analysis.audit import is_bug
 from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS
@@ -141,7 +142,7 @@ def gate_problems(group: report.Group) -> list[str]:
             problems.append(f"{name}: {len(failed)} question(s) failed (e.g. {failed[0]}); see its errors.jsonl")
     for result in group.results:
         audit = result.audit or {}
-        bugs = [m for m in audit.get("mismatches", []) if not m["near_tie"]]
+        bugs = [m for m in audit.get("mismatches", []) if is_bug(m)]
         if bugs:
             m = bugs[0]
             problems.append(f"{result.method}: {len(bugs)} greedy answer(s) differ from the baseline's, not by a "
@@ -155,7 +156,7 @@ def check(results_dir: Path, ref_dir: Path, cfg: DictConfig, *, update: bool, qu
     missing reference (unless `allow_missing`)."""
     groups = [report.analyse(g) for g in report.group_runs(report.load_runs(results_dir))]
     for group in groups:
-        for problem in group.problems:
+        for problem in [*group.problems, *group.notes]:
             print(f"warning: {problem}", file=sys.stderr)
     groups = [g for g in groups if g.results]
     if not groups:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from specbench.analysis.audit import RECHECK_VERDICTS
 from specbench.analysis.frame import OVERALL
-from specbench.analysis.report import BASELINE, Group, MethodResult
+from specbench.analysis.report import BASELINE, Group, MethodResult, contention_note
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
 from specbench.core.table import markdown
@@ -17,11 +19,21 @@ from specbench.core.table import markdown
 DEFINITIONS = (
     "Speedup: mean per-question tokens/s of the method divided by the baseline's on the same questions "
     "(upstream Spec-Bench definition), mean over runs; ± is the std over runs, [lo, hi] the 95% bootstrap "
-    "interval over questions. #Mean accepted tokens: tokens emitted per target forward, bonus token included "
-    "(1.00 for autoregressive decoding). Per-depth acceptance: of the steps whose draft reached depth d, the "
-    "share that accepted the token at depth d. Tokens are counted from generated token ids."
+    "interval over questions. #Mean accepted tokens: tokens emitted per decoding step (one target forward), "
+    "the target's own bonus token counted in every step, as Spec-Bench (its accept_lengths are accepted draft "
+    "tokens + 1 per step; 1.00 for autoregressive decoding): all tokens emitted in decoding / all steps. It is "
+    "what vLLM calls mean acceptance length (1 + accepted / drafts) and SGLang accept length. Acceptance rate "
+    "(vLLM's draft acceptance rate): accepted draft tokens / drafted tokens, no bonus token (tree drafts count "
+    "every drafted node), a ratio of sums over the subtask's questions and runs, not a mean of per-question "
+    "ratios; '-' for methods that record no draft counts. Per-depth acceptance: of the steps whose draft "
+    "reached depth d, the share that accepted the token at depth d. Lossless audit (greedy runs): answers "
+    "equal to the baseline's token for token; a mismatch is a near-tie when the baseline's top-2 logit margin "
+    "at the first diverging token is within --tie-margin, and `report --recheck` re-runs the target alone in "
+    "float64 there: numerical (float64 picks neither token, or the two tokens' float64 logits lie within "
+    "--tie-margin), baseline off (float64 picks the method's token), bug (float64 picks the baseline's token "
+    "by more than --tie-margin). Tokens are counted from generated token ids."
 )
-CSV_METRICS = ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "tokens_per_s")
+CSV_METRICS = ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "acceptance_rate", "tokens_per_s")
 
 
 def stem(group: Group) -> str:
@@ -54,14 +66,55 @@ def _speedup_cell(row: pd.Series, runs: int) -> str:
 
 def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
     subtasks = _subtasks(group)
-    headers = ["Method", *[SUBTASK_TITLES[s] for s in subtasks], "#Mean Accepted Tokens", "Overall"]
+    headers = ["Method", *[SUBTASK_TITLES[s] for s in subtasks], "#Mean Accepted Tokens", "Acceptance Rate",
+               "Overall"]
     runs = {r.method: r.runs for r in group.results}
     table = _table(group)
     cells = pd.Series([_speedup_cell(row, runs[m]) for (m, _), row in table.iterrows()], index=table.index)
     wide = cells.unstack("subtask").reindex(index=list(runs), columns=[*subtasks, OVERALL]).fillna("-")
     accepted = table["mean_accepted"].xs(OVERALL, level="subtask").map(_fmt)
     wide.insert(len(subtasks), "accepted", accepted)
-    return headers, [[m, *cells] for m, cells in zip(wide.index, wide.to_numpy().tolist())]
+    wide.insert(len(subtasks) + 1, "rate", table["acceptance_rate"].xs(OVERALL, level="subtask").map(_fmt))
+    contended = {r.method for r in group.results if r.contended}
+    return headers, [[m, *cells[:-1], cells[-1] + (f" {CONTENDED}" if m in contended else "")]
+                     for m, cells in zip(wide.index, wide.to_numpy().tolist())]
+
+
+#: marks the Overall speedup of a method measured while other processes loaded the machine
+CONTENDED = "†"
+
+
+def contention_footnote(group: Group) -> list[str]:
+    """The line under a table whose rows carry the contention mark (none when no run was contended)."""
+    note = contention_note(group)
+    return [f"{CONTENDED} {note[0].upper()}{note[1:]}."] if note else []
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n == 0:
+        return "none"
+    for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
+        if n >= factor:
+            return f"{n / factor:.3g} {unit}"
+    return f"{n} B"
+
+
+def _memory(r: MethodResult) -> list[str]:
+    """Peak memory of the method's phase and its drafter's own weights (meta `memory`)."""
+    m = r.memory or {}
+    return [_bytes(m.get("peak_bytes")), _bytes(m.get("drafter_bytes"))]
+
+
+def memory_footnote(group: Group) -> list[str]:
+    """What the memory columns count (none when no run measured memory)."""
+    how = sorted({r.memory["measured_by"] for r in group.results if r.memory and r.memory.get("measured_by")})
+    if not how:
+        return []
+    return [f"Peak memory: {'; '.join(how)}, per method run (the target's weights included; the largest over "
+            "runs). Drafter memory: the drafter's own weights (draft model or heads; parameters shared with the "
+            "target left out); its KV cache and draft trees are inside the peak."]
 
 
 def _split(r: MethodResult) -> str:
@@ -78,12 +131,29 @@ def _audit(r: MethodResult) -> str:
     text = f"{a['equal']}/{a['compared']} equal"
     if a["mismatches"]:
         text += f", {len(a['mismatches']) - bugs} near-tie, {bugs} NOT near-tie"
+    verdicts = Counter(m["recheck"] for m in a["mismatches"] if "recheck" in m)
+    if verdicts:
+        shown = [f"{verdicts.pop(v)} {v}" for v in RECHECK_VERDICTS if v in verdicts]
+        skipped = sum(verdicts.values())  # "not rechecked: <why>"
+        text += "; float64 recheck: " + ", ".join(shown + ([f"{skipped} not rechecked"] if skipped else []))
     return text
+
+
+def audit_lines(group: Group) -> list[str]:
+    """One line per method whose greedy answers left the baseline's: its audit cell."""
+    return [f"lossless audit, {r.method}: {_audit(r)}" for r in group.results if (r.audit or {}).get("mismatches")]
+
+
+def _verdict(m: dict[str, Any]) -> str:
+    tie = "near-tie" if m["near_tie"] else "NOT a near-tie"
+    if "recheck" in m:
+        return f"{tie}; float64 recheck: {m['recheck']}"
+    return tie if m["near_tie"] else f"{tie}: a bug"
 
 
 def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
     headers = ["Method", "tok/s", "Overall 95% CI", "Per-depth acceptance", "Time split", "Lossless audit",
-               "Drafting", "Verification", "Training", "Extra params"]
+               "Drafting", "Verification", "Training", "Extra params", "Peak memory", "Drafter memory"]
     overall = _table(group).xs(OVERALL, level="subtask")
     rows = []
     for r in group.results:
@@ -95,7 +165,7 @@ def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
             r.method, f"{_fmt(o['tokens_per_s'], '.1f')} ± {_fmt(o['tokens_per_s_std'], '.1f')}",
             f"[{_fmt(o['ci_low'])}, {_fmt(o['ci_high'])}]", depth, _split(r), _audit(r),
             f.get("drafting", "-"), f.get("verification", "-"), str(f.get("training", "-")),
-            f"{params / 1e6:.2f}M" if isinstance(params, (int, float)) else "-",
+            f"{params / 1e6:.2f}M" if isinstance(params, (int, float)) else "-", *_memory(r),
         ])
     return headers, rows
 
@@ -117,10 +187,12 @@ def render_markdown(group: Group) -> str:
         f"{questions} questions, {runs} run(s). {environment_line(group)}",
         "",
         markdown(*main_table(group)),
+        *[line for note in contention_footnote(group) for line in ("", note)],
         "",
         "## Details",
         "",
         markdown(*detail_table(group)),
+        *[line for note in memory_footnote(group) for line in ("", note)],
         "",
         DEFINITIONS,
     ]
@@ -130,7 +202,7 @@ def render_markdown(group: Group) -> str:
         for m in (r.audit or {}).get("mismatches", [])[:10]:
             parts.append(f"- {r.method}: question {m['question_id']} run {m['run']} turn {m['turn'] + 1} diverges at "
                          f"token {m['position']} (baseline top-2 margin {m['margin']}; "
-                         f"{'near-tie' if m['near_tie'] else 'NOT a near-tie: a bug'})")
+                         f"{_verdict(m)})")
     return "\n".join(parts) + "\n"
 
 
@@ -147,7 +219,7 @@ def write_csv(group: Group, path: Path) -> None:
 
 
 def _tex_escape(text: str) -> str:
-    return text.replace("_", r"\_").replace("%", r"\%").replace("#", r"\#")
+    return text.replace("_", r"\_").replace("%", r"\%").replace("#", r"\#").replace(CONTENDED, r"$^\dagger$")
 
 
 def render_tex(group: Group) -> str:
@@ -170,18 +242,24 @@ def write_group(group: Group, out_dir: Path) -> list[Path]:
 
 
 def console(group: Group) -> str:
-    return f"\n{group.title}  ({environment_line(group)})\n\n{markdown(*main_table(group))}\n"
+    footnote = "".join(f"\n{line}\n" for line in contention_footnote(group))
+    return f"\n{group.title}  ({environment_line(group)})\n\n{markdown(*main_table(group))}\n{footnote}"
 
 
 def build(
     results_dir: Path, out_dir: Path, *, upstream_model: str = "upstream", tie_margin: float = 0.05,
-    upstream_tokenizer: Any = None, figures: bool = True,
+    upstream_tokenizer: Any = None, figures: bool = True, recheck: bool = False, recheck_limit: int | None = None,
 ) -> tuple[list[Group], list[Path]]:
-    """Analyse every group under `results_dir`, write tables (and figures) to `out_dir`."""
+    """Analyse every group under `results_dir` (with `recheck`, each greedy mismatch judged by the
+    float64 target: analysis.recheck), write tables (and figures) to `out_dir`."""
     from specbench.analysis import report
 
     groups = [report.analyse(g, tie_margin=tie_margin, upstream_tokenizer=upstream_tokenizer)
               for g in report.group_runs(report.load_runs(results_dir, upstream_model))]
+    if recheck:
+        from specbench.analysis.recheck import recheck_groups
+
+        recheck_groups(groups, tie_margin=tie_margin, limit=recheck_limit)
     written: list[Path] = []
     try:
         for group in groups:
@@ -189,6 +267,12 @@ def build(
                 written += write_group(group, out_dir)
         if figures:
             written += _figures(groups, out_dir)
+        if any(group.results for group in groups):  # the page: these tables and figures in one file
+            from specbench.presentation import page
+
+            tables = page.Tables(main_table, detail_table, environment_line, stem, DEFINITIONS,
+                                 contention_footnote, memory_footnote)
+            written.append(page.write(groups, out_dir, tables, figures=written))
     except OSError as exc:
         raise SpecbenchError(f"cannot write the leaderboard to {out_dir} ({exc.strerror or exc}"
                              f"{': ' + exc.filename if exc.filename else ''}); choose another --out") from None

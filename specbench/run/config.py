@@ -140,6 +140,8 @@ def check_values(cfg: DictConfig) -> None:
     for key in ("overwrite", "baseline", "progress"):
         if not isinstance(cfg[key], bool):
             fail(f"{key} must be true or false, got {cfg[key]!r}")
+    if not _is_number(cfg.contention_threshold) or cfg.contention_threshold < 0:
+        fail(f"contention_threshold must be a number of CPU cores >= 0, got {cfg.contention_threshold!r}")
     if cfg.on_error not in ("record", "raise"):
         fail(f"on_error must be record or raise, got {cfg.on_error!r}")
     if not selected_subtasks(cfg.get("task")):

@@ -4,8 +4,13 @@ run must share with the answers already in its folder (its identity)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
+import shutil
 import subprocess
+import sys
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +43,157 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+#: libraries whose version is recorded with every run (and specbench's own)
+LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "specbench")
+#: what `nvidia-smi --query-gpu` is asked for (one entry per GPU); "[N/A]" and "[Not Supported]" become None
+GPU_FIELDS = ("index", "name", "driver_version", "memory.total", "clocks.sm", "clocks.mem", "clocks.max.sm",
+              "clocks.max.mem", "power.limit", "pstate")
+NVIDIA_SMI_TIMEOUT_S = 3.0
+
+
 def environment(target: LoadedModel) -> dict[str, Any]:
+    """What made a run's numbers, captured on every run: the machine (CPU model and cores, RAM, GPUs
+    with driver, clocks and power limit where `nvidia-smi` reports them), the CUDA runtime, library
+    versions and the commit. Cheap (no GPU query without an `nvidia-smi` binary) and never raising:
+    a fact that cannot be read is None."""
     device = target.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    cpu = _safe(cpu_info, {})
+    gpus = _safe(gpu_info, None)
+    if device.type == "cuda":
+        name = _safe(lambda: torch.cuda.get_device_name(device), None)
+    else:
+        name = cpu.get("model") or platform.processor() or platform.machine()
+    versions = _safe(library_versions, {})
     return {
-        "git_commit": git_commit(),
+        "git_commit": _safe(git_commit, None),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "versions": versions,
         "device": str(device),
         "device_name": name,
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "memory_total_bytes": _safe(total_memory, None),
+        "cuda": torch.version.cuda,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpus": gpus,
     }
+
+
+def _safe(read: Callable[[], Any], default: Any) -> Any:
+    """`read()`, or `default` when it fails in any way: provenance never stops a run."""
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - a fact that cannot be read is recorded as missing
+        return default
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model name and cores: /proc/cpuinfo on Linux, platform's answer elsewhere. `physical_cores`
+    counts distinct (package, core) pairs; `usable_cores` the CPUs this process may run on; `quota_cores`
+    a cgroup v2 CPU limit when one is set."""
+    model, cores = None, set()
+    text = _read("/proc/cpuinfo") or ""
+    package = core = None
+    for line in text.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key in ("model name", "Model", "Hardware", "cpu model") and not model and value:
+            model = value
+        elif key == "physical id":
+            package = value
+        elif key == "core id":
+            core = value
+        elif not key and core is not None:  # a blank line ends one logical CPU's block
+            cores.add((package, core))
+            package = core = None
+    if core is not None:
+        cores.add((package, core))
+    if not model and sys.platform == "darwin":
+        model = _run(["sysctl", "-n", "machdep.cpu.brand_string"])
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "model": model or platform.processor() or platform.machine() or None,
+        "physical_cores": len(cores) or None,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "quota_cores": _cgroup_quota(),
+    }
+
+
+def _cgroup_quota() -> float | None:
+    quota, _, period = (_read("/sys/fs/cgroup/cpu.max") or "max").partition(" ")
+    try:
+        return round(int(quota) / int(period), 2)
+    except ValueError:  # "max": no limit
+        return None
+
+
+def total_memory() -> int | None:
+    """Total RAM in bytes (/proc/meminfo, else sysconf)."""
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module is not None else None
+        if version is None:
+            version = _safe(lambda n=name: metadata.version(n), None)
+        versions[name] = str(version) if version is not None else None
+    return versions
+
+
+def gpu_info() -> list[dict[str, Any]] | None:
+    """One entry per GPU from `nvidia-smi --query-gpu` (name, driver, memory in MiB, current and
+    maximum clocks in MHz, power limit in W, performance state); None without the binary."""
+    out = nvidia_smi("--query-gpu=" + ",".join(GPU_FIELDS))
+    if out is None:
+        return None
+    return [dict(zip(GPU_FIELDS, (_value(v) for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+
+
+def nvidia_smi(query: str) -> str | None:
+    """`nvidia-smi QUERY --format=csv,noheader,nounits`'s output; None when the binary is absent or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    return _run(["nvidia-smi", query, "--format=csv,noheader,nounits"], NVIDIA_SMI_TIMEOUT_S)
+
+
+def _value(text: str) -> Any:
+    text = text.strip()
+    if not text or text.startswith("[") or text in ("N/A", "Not Supported"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _run(argv: list[str], timeout: float = 5.0) -> str | None:
+    """The command's output, stripped ("" when it printed nothing); None when it failed or is absent."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def weights_fingerprint(folder: str) -> str | None:

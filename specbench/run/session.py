@@ -46,6 +46,7 @@ from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
 from specbench.run.config import check_values, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
+from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
 from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
 from specbench.run.registry import build_method
 from specbench.run.shards import shard, shard_dir
@@ -130,6 +131,7 @@ class Session:
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
         device = resolve_device(cfg.device)
+        self.guard = ContentionGuard(cfg.contention_threshold, device)  # from here: "before" the first run
         dtype = resolve_dtype(cfg.model.dtype or cfg.dtype, device)
         self.sampling = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
         self.target = load_model(
@@ -175,7 +177,8 @@ class Session:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
             return
         folder.mkdir(parents=True, exist_ok=True)
-        write_meta(folder / META, {
+        previous = read_meta(folder / META) if done else None
+        meta = {
             "identity": ident,
             "facts": OmegaConf.to_container(method_cfg.facts, resolve=True) if method_cfg.get("facts") else {},
             "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -185,15 +188,53 @@ class Session:
             "extra_parameters": method.extra_parameters(),
             "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
             "started": time.time(),
-        })
+        }
+        write_meta(folder / META, meta)
         method.reset()
         if self.interrupted():
             raise self.interruption(Outcome(label, folder, len(todo)))
+        memory = MemoryProbe(self.target.device)
+        memory.start()
         for _ in range(int(self.cfg.warmup)):
             self.answer(method, self.questions[0])
         if done:
             print(f"{label}: resuming, {len(done)} answers kept, {len(todo)} to go", file=sys.stderr)
-        self.answer_all(method, method_cfg.name, run, folder, todo, label, kept=len(done))
+        before = self.guard.before()
+        self.guard.start()
+        try:
+            self.answer_all(method, method_cfg.name, run, folder, todo, label, kept=len(done))
+        except BaseException:
+            self.write_measurements(folder, meta, previous, before, memory, method, label, failing=True)
+            raise
+        self.write_measurements(folder, meta, previous, before, memory, method, label)
+
+    def write_measurements(
+        self, folder: Path, meta: dict[str, Any], previous: dict[str, Any] | None, before: dict[str, Any],
+        memory: MemoryProbe, method: Method, label: str, failing: bool = False,
+    ) -> None:
+        """The meta again, with what the timed run measured besides its answers: contention (other
+        processes' load before and during it; a resumed run stays flagged when an earlier part was)
+        and memory (the phase's peak, the drafter's weights). Warns when the run was contended. On
+        the way out of a failing run, a meta that cannot be written is left as it was."""
+        try:
+            contention = self.guard.summary(before, self.guard.stop())
+            measured = memory.stop()
+            resumed(contention, measured, previous)
+            measured["drafter"] = drafter_memory(method, self.target)
+        except Exception:  # noqa: BLE001 - e.g. a broken CUDA context: the run's own error tells more
+            if failing:
+                return
+            raise
+        meta.update(contention=contention, memory=measured, finished=time.time())
+        if contention["flagged"]:
+            why = "; ".join(contention["reasons"]) or "an earlier part of this resumed run was"
+            print(f"warning: {label}: measured under contention: {why} (threshold {contention['threshold']:g} "
+                  "cores); `report` marks its numbers; run it again on a quiet machine for clean ones", file=sys.stderr)
+        try:
+            write_meta(folder / META, meta)
+        except OSError:
+            if not failing:
+                raise
 
     def prepare(self, folder: Path, ident: dict[str, Any]) -> None:
         """Start over when asked; refuse to mix answers of another config into a folder."""
@@ -222,6 +263,7 @@ class Session:
         try:
             with AnswerWriter(folder / ANSWERS) as writer:
                 for question in bar:
+                    self.guard.tick()  # a question boundary: contention counters, no waiting
                     if self.interrupted():
                         raise KeyboardInterrupt
                     try:

@@ -1,0 +1,228 @@
+"""`report --recheck`: the target alone, in float64, judges each greedy divergence.
+
+The lossless audit (`audit.lossless_audit`) finds, for every greedy answer of a method that is
+not the baseline's token for token, the first diverging token: run, question, turn, position,
+with the baseline's token b and the method's token m there. The recheck rebuilds the exact
+prompt of that turn (the question file and the model's tokenizer and template recorded in the
+run's meta.json `config`, earlier turns answered by the baseline's recorded text, as the run
+did; the rebuilt prompt must have the recorded `prompt_tokens`), appends the common prefix of
+the two answers, runs the target once on the CPU in float64 and reads its next-token logits z
+(t = argmax z, flip gap g = |z[b] - z[m]|). Verdicts:
+
+- "numerical": t is neither b nor m (the float64 target agrees with neither continuation), or
+  t = b with g <= tie_margin: the two tokens lie within float noise of a flip, so a run in lower
+  precision (or another kernel order) may pick either;
+- "baseline off": t = m: the method followed the float64 target and the baseline's own run was
+  the one off (numerical too, on the baseline's side);
+- "bug": t = b and g > tie_margin: the float64 target prefers the baseline's token by more than
+  float noise, and the method left it;
+- "not rechecked: <why>": the question file, the question, the model or the prompt could not be
+  rebuilt, an answer ended at the divergence, or `limit` was reached (a warning names each cause
+  once per group, with how many mismatches it left unchecked).
+
+tie_margin is the report's `--tie-margin` (logits), the same noise level the near-tie rule uses.
+The analysis layer may import `specbench.models` (layers: models < analysis), so the forward pass
+lives here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specbench.analysis.audit import BASELINE_OFF, BUG, NUMERICAL
+from specbench.analysis.runs import BASELINE, Group, Run
+from specbench.core import questions as data
+from specbench.core.answers import EXTRA_KEY
+from specbench.core.errors import SpecbenchError
+from specbench.core.prompts import prompt_ids
+from specbench.models import LoadedModel, first_line, load_model
+
+NOT_RECHECKED = "not rechecked: "
+
+
+@dataclass
+class Rechecker:
+    """Models (loaded once each, float64, CPU), question files and forward passes, cached across groups."""
+
+    tie_margin: float = 0.05
+    limit: int | None = None  # at most this many mismatches rechecked (forward passes), all groups together
+    done: int = 0
+    models: dict[tuple[str, bool], LoadedModel | str] = field(default_factory=dict)  # or why it cannot load
+    questions: dict[tuple[str, ...], dict[int, data.Question] | str] = field(default_factory=dict)
+    logits: dict[tuple[str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
+
+    def group(self, group: Group) -> None:
+        """Set `recheck` on every mismatch of the group's audits; name each cause left unchecked once."""
+        base_runs = {run.run: run for run in group.methods.get(BASELINE, []) if run.records}
+        skipped: Counter = Counter()
+        for result in group.results:
+            for m in (result.audit or {}).get("mismatches", []):
+                base = base_runs.get(m.get("baseline_run", m["run"]))
+                method = next((r for r in group.methods.get(result.method, []) if r.run == m["run"]), None)
+                try:
+                    m.update(self.mismatch(m, base, method))
+                except _Skip as why:
+                    m["recheck"] = NOT_RECHECKED + str(why)
+                    skipped[str(why)] += 1
+        for why, n in skipped.items():
+            group.problems.append(f"{group.title}: float64 recheck: {why} ({n} mismatch(es) not rechecked)")
+
+    def mismatch(self, m: dict[str, Any], base: Run | None, method: Run | None) -> dict[str, Any]:
+        """{"recheck": verdict, "recheck_token": t, "recheck_gap": g} of one mismatch, or raises _Skip."""
+        if base is None:
+            raise _Skip("the baseline run it was compared with is gone")
+        b, ours = m.get("baseline_token"), m.get("token")
+        if b is None or ours is None:
+            who = "the baseline's" if b is None else "the method's"
+            raise _Skip(f"{who} answer ends where the other goes on (a length limit, not a token choice)")
+        if self.limit is not None and self.done >= self.limit:
+            raise _Skip(f"beyond --recheck-limit {self.limit}")
+        record = next((r for r in base.records if r["question_id"] == m["question_id"]), None)
+        if record is None:
+            raise _Skip("the baseline's answer it was compared with is gone")
+        cfg = _config(base) or _config(method)
+        if cfg is None:
+            raise _Skip("no meta.json config to rebuild the prompt from (answers not written by specbench run)")
+        model = self.model(cfg)
+        question = self.question(cfg, base, m["question_id"])
+        prefix = self.prefix(model, cfg, question, record, m["turn"], m["position"])
+        key = (model.path, tuple(prefix))
+        if key not in self.logits:
+            self.done += 1
+            try:
+                self.logits[key] = forward(model, prefix)
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory, past the context: this one unchecked
+                raise _Skip(f"the float64 forward of {model.path} failed ({first_line(exc)})") from None
+        z = self.logits[key]
+        top = int(z.argmax())
+        gap = abs(float(z[b] - z[ours]))
+        if top not in (b, ours):
+            verdict = NUMERICAL
+        elif top == ours:
+            verdict = BASELINE_OFF
+        else:
+            verdict = NUMERICAL if gap <= self.tie_margin else BUG
+        return {"recheck": verdict, "recheck_token": top, "recheck_gap": gap}
+
+    def model(self, cfg: dict[str, Any]) -> LoadedModel:
+        model_cfg = cfg.get("model") or {}
+        spec, trust = model_cfg.get("path"), bool(model_cfg.get("trust_remote_code"))
+        if not spec:
+            raise _Skip("the run's config names no model.path")
+        if (spec, trust) not in self.models:
+            try:
+                self.models[(spec, trust)] = load_model(str(spec), device=torch.device("cpu"), dtype=torch.float64,
+                                                        trust_remote_code=trust)
+            except Exception as exc:  # noqa: BLE001 - any model that cannot load leaves its mismatches unchecked
+                self.models[(spec, trust)] = f"model {spec} cannot be loaded ({first_line(exc)})"
+        loaded = self.models[(spec, trust)]
+        if isinstance(loaded, str):
+            raise _Skip(loaded)
+        return loaded
+
+    def question(self, cfg: dict[str, Any], run: Run, qid: int) -> data.Question:
+        dataset = cfg.get("dataset") or {}
+        key = (str(dataset.get("path")), str(dataset.get("generator")), str(dataset.get("seed")), str(run.source))
+        if key not in self.questions:
+            try:
+                self.questions[key] = {q.question_id: q for q in load_questions(dataset, run, cfg)}
+            except SpecbenchError as exc:
+                self.questions[key] = str(exc)
+        found = self.questions[key]
+        if isinstance(found, str):
+            raise _Skip(found)
+        if qid not in found:
+            raise _Skip(f"question {qid} is not in the question file {dataset.get('path')} any more")
+        return found[qid]
+
+    @staticmethod
+    def prefix(model: LoadedModel, cfg: dict[str, Any], question: data.Question, record: dict[str, Any],
+               turn: int, position: int) -> list[int]:
+        """The run's prompt of `turn` (earlier turns answered by the baseline's recorded text, as the
+        run saw them) + the baseline's first `position` tokens of that turn."""
+        extra = record.get(EXTRA_KEY) or {}
+        answers = record["choices"][0].get("turns") or []
+        if turn >= len(question.turns) or len(answers) < turn:
+            raise _Skip(f"question {question.question_id} has fewer turns than its answer; the question file changed")
+        template = (cfg.get("model") or {}).get("template") or "vicuna_v1.1"
+        try:
+            ids = prompt_ids(template, model.tokenizer, question.turns[: turn + 1], answers[:turn])
+        except SpecbenchError as exc:
+            raise _Skip(str(exc)) from None
+        recorded = (extra.get("prompt_tokens") or [])
+        if turn < len(recorded) and recorded[turn] != len(ids):
+            raise _Skip(f"the rebuilt prompt of a turn has {len(ids)} tokens where the run recorded {recorded[turn]} "
+                        "(question file, template or tokenizer changed since the run)")
+        return ids + list(extra["output_ids"][turn][:position])
+
+
+class _Skip(Exception):
+    """Why one mismatch cannot be rechecked."""
+
+
+def _config(run: Run | None) -> dict[str, Any] | None:
+    cfg = (run.meta or {}).get("config") if run is not None else None
+    return cfg if isinstance(cfg, dict) and cfg.get("model") and cfg.get("dataset") else None
+
+
+def run_folder(run: Run, cfg: dict[str, Any]) -> Path | None:
+    """The folder the run was started from, when its relative output_dir can be told from the
+    answers' place (`<cwd>/<output_dir>/<dataset>/<model>/<method>/temp-<t>/run-<r>`)."""
+    if run.source is None or not cfg.get("output_dir"):
+        return None
+    out = Path(str(cfg["output_dir"]))
+    if out.is_absolute():
+        return None
+    root = run.source.absolute().parents[4]
+    parts = out.parts
+    if root.parts[-len(parts):] != parts:
+        return None
+    return Path(*root.parts[: -len(parts)])
+
+
+def load_questions(dataset: dict[str, Any], run: Run, cfg: dict[str, Any]) -> list[data.Question]:
+    """The run's question file: its path as recorded, else relative to the folder the run started
+    in; a generated dataset (`generator`) missing from disk is generated again, in memory."""
+    if not dataset.get("path"):
+        raise SpecbenchError("the run's config names no dataset.path")
+    path = Path(str(dataset["path"])).expanduser()
+    where = run_folder(run, cfg)
+    candidates = [path] + ([where / path] if where is not None and not path.is_absolute() else [])
+    for candidate in candidates:
+        if candidate.is_file():
+            return data.load_questions(candidate)
+    if dataset.get("generator"):
+        module, _, function = str(dataset["generator"]).partition(":")
+        try:
+            generate = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError):
+            raise SpecbenchError(f"question file {path} not found and its generator {dataset['generator']} "
+                                 "cannot be imported") from None
+        with tempfile.TemporaryDirectory(prefix="specbench-recheck-") as tmp:
+            file = Path(tmp) / "question.jsonl"
+            file.write_text(data.questions_jsonl(generate(int(dataset.get("seed") or 0))), encoding="utf-8")
+            return data.load_questions(file)
+    raise SpecbenchError(f"question file {path} not found (looked in {', '.join(map(str, candidates))})")
+
+
+@torch.inference_mode()
+def forward(model: LoadedModel, ids: list[int]) -> torch.Tensor:
+    """The target's next-token logits after `ids` (one forward, no cache), in its dtype."""
+    out = model.model(input_ids=torch.tensor([ids], device=model.device), use_cache=False, logits_to_keep=1)
+    return out.logits[0, -1].to(torch.float64)
+
+
+def recheck_groups(groups: list[Group], *, tie_margin: float = 0.05, limit: int | None = None) -> Rechecker:
+    """Recheck every greedy mismatch of the analysed groups (in place: `mismatch["recheck"]`)."""
+    checker = Rechecker(tie_margin=tie_margin, limit=limit)
+    for group in groups:
+        if group.temperature == 0:
+            checker.group(group)
+    return checker
