@@ -1,4 +1,4 @@
-"""The training-free drafters (lookahead, jacobi, rest, recycling, self_spec): greedy losslessness
+"""The training-free drafters (lookahead, jacobi, rest, recycling, samd, self_spec): greedy losslessness
 on both test architectures, their state handling and the pieces they are built from."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def datastores(targets, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", ["lookahead", "jacobi", "recycling"])
+@pytest.mark.parametrize("name", ["lookahead", "jacobi", "recycling", "samd"])
 def test_tuning_free_greedy_equals_baseline(targets, arch, name):
     target = targets[arch]
     method = build_method(method_cfg(name), target, EMPTY)
@@ -119,7 +119,8 @@ def test_sampling_runs_and_keeps_lengths(targets, datastores):
     target = targets["llama"]
     params = SamplingParams(temperature=0.8, top_p=0.9)
     ids = prompt_of(target, PROMPTS[0])
-    for name, extra in (("lookahead", {}), ("jacobi", {}), ("recycling", {}), ("self_spec", {"skip_layers": [1]}),
+    for name, extra in (("lookahead", {}), ("jacobi", {}), ("recycling", {}), ("samd", {}),
+                        ("self_spec", {"skip_layers": [1]}),
                         ("rest", {"datastore": datastores["llama"]})):
         method = build_method(method_cfg(name, **extra), target, EMPTY)
         torch.manual_seed(0)
