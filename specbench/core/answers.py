@@ -28,25 +28,18 @@ def run_dir(output_dir: str | os.PathLike, dataset: str, model: str, method: str
     return Path(output_dir) / dataset / model / method / f"temp-{temperature:g}" / f"run-{run}"
 
 
-def repair_torn_tail(path: str | os.PathLike) -> None:
-    """Cut a last line without its newline (what a killed write leaves) from a JSONL file."""
+def repair_torn_tail(path: str | os.PathLike) -> bytes:
+    """Cut a last line without its newline (what a killed write leaves) from a JSONL file; returns
+    the file's bytes as they are afterwards (b"" when there is no file)."""
     path = Path(path)
     if not path.exists():
-        return
-    with path.open("r+b") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        end = size
-        while end > 0:  # walk back to the last newline, a block at a time
-            start = max(0, end - (1 << 16))
-            fh.seek(start)
-            block = fh.read(end - start)
-            at = block.rfind(b"\n")
-            if at >= 0:
-                end = start + at + 1
-                break
-            end = start
-        if end < size:
-            fh.truncate(end)
+        return b""
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(keep)
+    return data[:keep]
 
 
 def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[str, Any]]:
@@ -59,9 +52,7 @@ def read_answers(path: str | os.PathLike, *, repair: bool = False) -> list[dict[
     path = Path(path)
     if not path.exists():
         return []
-    if repair:
-        repair_torn_tail(path)
-    data = path.read_bytes()
+    data = repair_torn_tail(path) if repair else path.read_bytes()
     complete, newline, _torn = data.rpartition(b"\n")
     lines = complete.split(b"\n") if newline else []
     try:

@@ -134,9 +134,10 @@ def check_values(cfg: DictConfig) -> None:
         fail(f"threads must be a positive integer or null (torch's default), got {cfg.threads!r}")
     if not isinstance(cfg.device, str) or not DEVICE.fullmatch(cfg.device):
         fail(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    for key, value in (("dtype", cfg.dtype), ("model.dtype", cfg.model.get("dtype"))):
-        if value is not None and value not in DTYPES or key == "dtype" and value is None:
-            fail(f"{key} must be one of {', '.join(DTYPES)}{' or null' if key != 'dtype' else ''}, got {value!r}")
+    if cfg.dtype not in DTYPES:
+        fail(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.model.get("dtype") not in (*DTYPES, None):
+        fail(f"model.dtype must be one of {', '.join(DTYPES)} or null, got {cfg.model.dtype!r}")
     for key in ("overwrite", "baseline", "progress"):
         if not isinstance(cfg[key], bool):
             fail(f"{key} must be true or false, got {cfg[key]!r}")
