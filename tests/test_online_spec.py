@@ -120,24 +120,25 @@ def test_bad_settings_are_refused(pairs):
 
 def test_a_run_starts_the_stream_after_the_warm_up_and_report_shows_it(pairs, tmp_path):
     target_path, draft_path = pairs["llama"]
-    questions = write_questions(tmp_path / "q.jsonl", per_category=2)
+    questions = write_questions(tmp_path / "q.jsonl", per_category=3)  # 6: a fifth each
     out = tmp_path / "results"
     common = ["model=local", f"model.path={target_path}", f"model.draft={draft_path}", "dataset=spec_bench",
               f"dataset.path={questions}", f"output_dir={out}", "max_new_tokens=12", "warmup=2", "progress=false",
-              "task=qa,math"]
-    done = cli("-m", "run", "method=baseline,online_spec", "method.update_every=1", *common, cwd=tmp_path)
-    assert done.code == 0, done
-    records = read_answers(out / "spec_bench" / "local" / "online_spec" / "answers.jsonl")
-    assert len(records) == 4
+              "task=[qa,math_reasoning]"]
+    for args in (["method=baseline"], ["method=online_spec", "method.update_every=1"]):
+        done = cli("run", *args, *common, cwd=tmp_path)
+        assert done.code == 0, done
+    records = read_answers(out / "spec_bench" / "local" / "online_spec" / "temp-0" / "run-1" / "answers.jsonl")
+    assert len(records) == 6
     turns = [s["online_turn"] for r in records for s in r[EXTRA_KEY]["stats"]]
-    assert turns == [1, 2, 3, 4]  # the warm-up's two turns are not in the stream
-    assert sum(s["online_updates"] for r in records for s in r[EXTRA_KEY]["stats"]) == 3
+    assert turns == [1, 2, 3, 4, 5, 6]  # the warm-up's two turns are not in the stream
+    assert sum(s["online_updates"] for r in records for s in r[EXTRA_KEY]["stats"]) == 5
     report = cli("report", str(out), "--out", str(tmp_path / "board"), cwd=tmp_path)
     assert report.code == 0, report
     assert "Acceptance across the question stream" in report.out + report.err
     md = next((tmp_path / "board").glob("*.md")).read_text()
     stream = md.split("## Acceptance across the question stream")[1]
     line = next(x for x in stream.splitlines() if x.startswith("| online_spec"))
-    assert line.split("|")[-2].strip().startswith("3 (")  # the updates cell: count (seconds)
-    assert json.loads((out / "spec_bench" / "local" / "online_spec" / "meta.json").read_text())["facts"]["training"] \
+    assert line.split("|")[-2].strip().startswith("5 (")  # the updates cell: count (seconds)
+    assert json.loads((out / "spec_bench" / "local" / "online_spec" / "temp-0" / "run-1" / "meta.json").read_text())["facts"]["training"] \
         == "online"
