@@ -184,9 +184,9 @@ def test_bad_checkpoints_get_clear_errors(targets, tmp_path):
     (medusa / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
     with pytest.raises(SpecbenchError, match="not a Hydra head.*medusa"):
         build(medusa)
-    other = targets["gpt2"]  # another hidden size
+    d, vocab = target.model.config.hidden_size, target.model.get_output_embeddings().weight.shape[0]
     with pytest.raises(SpecbenchError, match="hidden size .* trained for another model"):
-        build_method(method_cfg("hydra", head=str(published_hydra(tmp_path / "big", target))), other, EMPTY)
+        load_hydra(published_hydra(tmp_path / "big", target), 2 * d, vocab, CPU, torch.float32)
 
 
 def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path):
