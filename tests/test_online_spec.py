@@ -140,5 +140,5 @@ def test_a_run_starts_the_stream_after_the_warm_up_and_report_shows_it(pairs, tm
     stream = md.split("## Acceptance across the question stream")[1]
     line = next(x for x in stream.splitlines() if x.startswith("| online_spec"))
     assert line.split("|")[-2].strip().startswith("5 (")  # the updates cell: count (seconds)
-    assert json.loads((out / "spec_bench" / "local" / "online_spec" / "temp-0" / "run-1" / "meta.json").read_text())["facts"]["training"] \
-        == "online"
+    meta = out / "spec_bench" / "local" / "online_spec" / "temp-0" / "run-1" / "meta.json"
+    assert json.loads(meta.read_text())["facts"]["training"] == "online"
