@@ -347,12 +347,15 @@ def test_zoo_stage_writes_every_head(targets, tmp_path):  # noqa: F811
                                       "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
                                       "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                                       "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
-                                      "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200}}})
-    ctx = SimpleNamespace(cfg=cfg, out=tmp_path, state={"train_rows": SimpleNamespace(input_ids=ids, labels=labels)},
-                          card={}, model=lambda name: target.model, seed=lambda offset: offset)
+                                      "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
+                                      "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}}})
+    state = {"train_rows": SimpleNamespace(input_ids=ids, labels=labels), "draft": target.model,
+             "tokenizer": target.tokenizer}
+    ctx = SimpleNamespace(cfg=cfg, out=tmp_path, state=state, card={}, model=lambda name: target.model,
+                          seed=lambda offset: offset)
     zoo_stage(ctx)
     assert ctx.card["heads"]["tokens"] == 4 * 50 and ctx.card["heads"]["medusa"]["steps"] == 3
     for name, folder in (("medusa", "medusa"), ("eagle2", "eagle"), ("hydra", "hydra"), ("ppd", "ppd"),
-                         ("eagle3", "eagle3")):
+                         ("eagle3", "eagle3"), ("specdec", "specdec")):
         method = build_method(method_cfg(name, head=str(tmp_path / folder)), target, EMPTY)
         assert_matches_baseline(method, target, lengths=(6,))

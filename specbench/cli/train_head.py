@@ -1,4 +1,4 @@
-"""`python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd model=NAME [key=value ...]`.
+"""`python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd|specdec model=NAME [key=value ...]`.
 
 Trains a head with the target frozen on a corpus (by default `zoo:corpus`, the zoo's training
 conversations, rendered with the target's chat template) and writes it in the published layout,
@@ -9,7 +9,9 @@ records, a text file with blank lines between documents, a hub dataset id, `zoo:
 is short for `zoo:corpus`), split and text_field (for those), tokens (corpus tokens to use),
 steps, lr, seed, threads, device, seq_len, for Medusa and Hydra heads / layers / train_projections,
 for PPD exit_layer (the blocks before the early exit; default half the model's), and for EAGLE-3
-draft_vocab (the most frequent tokens kept; default all) and ttt_steps (training-time-test steps).
+draft_vocab (the most frequent tokens kept; default all) and ttt_steps (training-time-test steps), for
+SpecDec draft (the small model it starts from; default the model config's `draft`) and block (tokens
+drafted per forward).
 Any decoder that transformers loads will do (head sizes come from its config's generic names).
 Settings are checked before the model loads, each bad one named in a one-line error; a pad id
 the model cannot embed falls back to EOS (said on stderr).
@@ -27,10 +29,10 @@ from omegaconf import OmegaConf
 
 from specbench.core.errors import SpecbenchError
 
-USAGE = ("python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd model=NAME [model.path=...] [out=DIR] "
-         "[key=value ...]")
+USAGE = ("python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd|specdec model=NAME [model.path=...] "
+         "[out=DIR] [key=value ...]")
 KEYS = {"method", "model", "out", "corpus", "split", "text_field", "tokens", "steps", "lr", "seed", "threads", "device",
-        "heads", "layers", "train_projections", "seq_len", "exit_layer", "draft_vocab", "ttt_steps"}
+        "heads", "layers", "train_projections", "seq_len", "exit_layer", "draft_vocab", "ttt_steps", "draft", "block"}
 SEQ_LEN = 512
 ZOO_CORPUS = "zoo:corpus"
 
@@ -38,7 +40,7 @@ ZOO_CORPUS = "zoo:corpus"
 MEDUSA_KEYS = ("heads", "layers", "train_projections")
 #: Integer keys and their least value.
 INT_KEYS = {"tokens": 1, "steps": 1, "seed": 0, "threads": 1, "seq_len": 2, "heads": 1, "layers": 0, "exit_layer": 1,
-            "draft_vocab": 1, "ttt_steps": 1}
+            "draft_vocab": 1, "ttt_steps": 1, "block": 2}
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -55,9 +57,10 @@ def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
             opts[key] = value
         else:
             raise SpecbenchError(f"unknown train-head key '{key}'; keys: {', '.join(sorted(KEYS))}, model.*")
-    if opts.get("method") not in ("medusa", "eagle", "eagle2", "eagle3", "hydra", "ppd"):
+    if opts.get("method") not in ("medusa", "eagle", "eagle2", "eagle3", "hydra", "ppd", "specdec"):
         got = f" (got method={opts['method']})" if "method" in opts else ""
-        raise SpecbenchError(f"train-head needs method=medusa, eagle, eagle3, hydra or ppd{got}; usage: {USAGE}")
+        raise SpecbenchError(f"train-head needs method=medusa, eagle, eagle3, hydra, ppd or specdec{got}; "
+                             f"usage: {USAGE}")
     if not opts.get("model"):
         raise SpecbenchError(f"train-head needs model=NAME (a configs/model name, e.g. model=tiny, or model=local "
                              f"model.path=/path/to/model); usage: {USAGE}")
@@ -71,6 +74,10 @@ def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
     extra = [k for k in ("draft_vocab", "ttt_steps") if k in opts]
     if extra and opts["method"] != "eagle3":
         raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=eagle3 only; drop them for "
+                             f"method={opts['method']}")
+    extra = [k for k in ("draft", "block") if k in opts]
+    if extra and opts["method"] != "specdec":
+        raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=specdec only; drop them for "
                              f"method={opts['method']}")
     return opts, model_overrides
 
@@ -93,7 +100,8 @@ def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
     from specbench.heads import train as headtrain
 
     defaults = {"medusa": headtrain.MEDUSA_DEFAULTS, "hydra": headtrain.HYDRA_DEFAULTS, "ppd": headtrain.PPD_DEFAULTS,
-                "eagle3": headtrain.EAGLE3_DEFAULTS}.get(method, headtrain.EAGLE_DEFAULTS)
+                "eagle3": headtrain.EAGLE3_DEFAULTS, "specdec": headtrain.SPECDEC_DEFAULTS}.get(method,
+                                                                                  headtrain.EAGLE_DEFAULTS)
     settings: dict[str, Any] = {"seed": _int(opts, "seed", 0)}
     if "steps" in opts:
         settings["steps"] = _int(opts, "steps", defaults["steps"])
@@ -118,6 +126,8 @@ def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
         if method == "hydra" and settings.get("num_layers", 1) < 1:
             raise SpecbenchError("train-head layers=0: a Hydra head needs at least 1 layer (its first block reads "
                                  "the drafted tokens)")
+    if method == "specdec" and "block" in opts:
+        settings["block"] = _int(opts, "block", defaults["block"])
     if method == "eagle3":
         for key in ("draft_vocab", "ttt_steps"):
             if key in opts:
@@ -257,6 +267,21 @@ def train_head_main(args: list[str]) -> int:
         heads, stats = headtrain.train_exit_head(data, states, model.get_output_embeddings(), exit_layer=exit_layer,
                                                  num_layers=n_layers, **{**headtrain.PPD_DEFAULTS, **settings})
         save_exit_head(heads, out, int(model.get_output_embeddings().weight.shape[0]), str(model_cfg.path))
+    elif method == "specdec":
+        from specbench.heads.specdec import save_specdec
+        from specbench.methods.sps import check_same_vocabulary
+
+        spec = opts.get("draft") or model_cfg.get("draft")
+        if not spec:
+            raise SpecbenchError(f"train-head method=specdec starts from a small draft model; give draft=HUB_ID|FOLDER "
+                                 f"(model={model_name} names none)")
+        draft = load_model(str(spec), device=device, dtype=torch.float32,
+                           trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+        check_same_vocabulary(target, draft, str(spec))
+        nar, queries, stats = headtrain.train_specdec(data, draft.model, model.get_output_embeddings(),
+                                                      **{**headtrain.SPECDEC_DEFAULTS, **settings})
+        save_specdec(nar, queries, draft.tokenizer, out, int(model.get_output_embeddings().weight.shape[0]),
+                     str(model_cfg.path))
     elif method == "eagle3":
         heads, stats = headtrain.train_eagle3(data, model.get_input_embeddings(), model.get_output_embeddings(),
                                               model.config, **{**headtrain.EAGLE3_DEFAULTS, **settings})

@@ -21,6 +21,7 @@ the final norm, what its LM head reads) are kept in memory; the heads then train
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -40,6 +41,7 @@ from specbench.heads.eagle3 import Eagle3Head, feature_layers
 from specbench.heads.exit import ExitHead
 from specbench.heads.hydra import HydraHeads
 from specbench.heads.medusa import MedusaHeads
+from specbench.heads.specdec import MaskQueries, training_layout
 
 #: Corpus tokens the frozen target is run over by default, and the heads' training settings:
 #: sized so that both heads train in a few minutes on a 2-core CPU for the zoo's target.
@@ -51,6 +53,7 @@ HYDRA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150,
 EAGLE3_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 192, "lr": 2e-3, "ttt_steps": 3,
                                    "step_decay": 0.8, "draft_vocab": None}
 PPD_DEFAULTS: dict[str, Any] = {"steps": 150, "batch_positions": 1024, "lr": 3e-3}
+SPECDEC_DEFAULTS: dict[str, Any] = {"block": 4, "steps": 500, "batch_rows": 8, "window": 128, "cuts": 24, "lr": 1e-3}
 EAGLE_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 256, "lr": 2e-3, "ce_weight": 0.1,
                                   "ce_fraction": 0.25, "noise": 0.1}
 
@@ -323,6 +326,91 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), [hits / max(seen, 1.0)])
 
 
+def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block: int = 4, steps: int = 300,
+                  batch_rows: int = 8, window: int = 128, cuts: int = 24, lr: float = 1e-3, weight_decay: float = 0.0,
+                  seed: int = 0, desc: str = "specdec drafter") -> tuple[nn.Module, MaskQueries, HeadStats]:
+    """SpecDec's NAR drafter: `draft` (a copy of it, trained in place of the original) plus block - 1
+    mask queries, distilled from the target's next-token distributions (the frozen `lm_head` on
+    `data.features`). Each step takes `batch_rows` windows of `window` real tokens and `cuts` cut
+    points per window, all in one forward (heads.specdec.training_layout): every real row learns
+    the next token (the first draft token comes from the pending token's row) and slot i of cut c
+    the token at c + 2 + i. Top-1 agreement is reported per drafted position (1..block)."""
+
+    torch.manual_seed(seed)
+    lengths = data.valid.sum(1)
+    usable = (lengths >= block + 2).nonzero().flatten()
+    if not len(usable):
+        raise SpecbenchError(f"SpecDec training needs token rows of at least {block + 2} real tokens")
+    window = max(block + 2, min(window, int(lengths[usable].min())))
+    cuts = max(1, min(cuts, window - block + 1))
+    draft = copy.deepcopy(draft).float().train()
+    embed = draft.get_input_embeddings()
+    hidden = int(embed.weight.shape[1])
+    queries = MaskQueries(block, hidden)
+    with torch.no_grad():  # every slot starts at the mean token embedding
+        queries.embeddings.copy_(embed.weight.float().mean(0).expand(block - 1, -1))
+    params = [p for p in draft.parameters() if p.requires_grad] + list(queries.parameters())
+    opt = _optimizer(params, lr, weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = int(lm_head.weight.shape[0])
+    start, ema = time.perf_counter(), None
+    hits = torch.zeros(block)
+    seen = 0.0
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    with frozen(lm_head):
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+            picked = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
+            ids, teachers, masks, positions, pred_rows, teach_rows = [], [], [], [], [], []
+            for r in picked.tolist():
+                offset = int(torch.randint(int(lengths[r]) - window + 1, (1,), generator=gen))
+                ids.append(data.input_ids[r, offset : offset + window])
+                with torch.no_grad():
+                    teachers.append(lm_head(data.features[r, offset : offset + window]).float())
+                at = torch.randperm(window - block + 1, generator=gen)[:cuts].sort().values
+                allow, pos = training_layout(window, at, block)
+                masks.append(allow)
+                positions.append(pos)
+                # real row c -> teacher row c (token c + 1); slot i of cut c -> teacher row c + 1 + i
+                slots = window + torch.arange(len(at) * (block - 1)).view(len(at), block - 1)
+                pred_rows.append(torch.cat([torch.arange(window - 1), slots.T.flatten()]))
+                teach_rows.append(torch.cat([torch.arange(window - 1),
+                                             (at[None, :] + 1 + torch.arange(block - 1)[:, None]).flatten()]))
+            ids_t = torch.stack(ids)
+            x = torch.cat([embed(ids_t), queries.embeddings[None, None].expand(len(ids), cuts, -1, -1)
+                           .reshape(len(ids), cuts * (block - 1), hidden)], dim=1)
+            allow = torch.stack(masks)[:, None]
+            mask = torch.zeros(allow.shape, dtype=x.dtype).masked_fill(~allow, torch.finfo(x.dtype).min)
+            logits = draft(inputs_embeds=x, attention_mask=mask, position_ids=torch.stack(positions),
+                           use_cache=False).logits
+            rows = torch.arange(len(ids))[:, None]
+            pred = torch.stack(pred_rows)
+            logp = torch.log_softmax(logits[rows, pred].float()[..., :vocab], dim=-1)
+            teacher = torch.stack(teachers)[rows, torch.stack(teach_rows)]
+            loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if step >= steps * 3 // 4:
+                agree = (logp.detach().argmax(-1) == teacher.argmax(-1)).float()
+                first = agree[:, : window - 1].mean(1).sum()
+                later = agree[:, window - 1 :].view(len(ids), block - 1, cuts).mean(2).sum(0)
+                hits += torch.cat([first.view(1), later])
+                seen += len(ids)
+            value = float(loss.detach())
+            ema = value if ema is None else 0.95 * ema + 0.05 * value
+            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    bar.close()
+    draft.eval()
+    queries.eval()
+    for p in [*draft.parameters(), *queries.parameters()]:
+        p.requires_grad_(False)
+    return draft, queries, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0),
+                                     (hits / max(seen, 1.0)).tolist())
+
+
 def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 200,
                  batch_rows: int = 8, window: int = 192, lr: float = 2e-3, weight_decay: float = 0.0,
                  ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None, seed: int = 0,
@@ -488,11 +576,12 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
 
 
 def zoo_stage(ctx: Any) -> None:
-    """The zoo build's `heads` stage: EAGLE, EAGLE-3, Medusa and Hydra heads and PPD's exit head.
+    """The zoo build's `heads` stage: EAGLE, EAGLE-3, Medusa and Hydra heads, PPD's exit head and
+    SpecDec's drafter (fine-tuned from the zoo's draft, `ctx.state["draft"]`).
 
     Reads `ctx.cfg.heads` (tokens and each head's settings), the packed training rows of the
     tokenizer stage and the trained target; writes one folder per head next to the models
-    (`zoo:eagle`, `zoo:medusa`, `zoo:hydra`, `zoo:ppd`, `zoo:eagle3`) and their stats into the
+    (`zoo:eagle`, `zoo:medusa`, `zoo:hydra`, `zoo:ppd`, `zoo:eagle3`, `zoo:specdec`) and their stats into the
     quality card. Each head is seeded on its own, so adding one leaves the others' weights as they were.
     """
     from omegaconf import OmegaConf
@@ -502,6 +591,7 @@ def zoo_stage(ctx: Any) -> None:
     from specbench.heads.exit import save_exit_head
     from specbench.heads.hydra import save_hydra
     from specbench.heads.medusa import save_medusa
+    from specbench.heads.specdec import save_specdec
 
     cfg = ctx.cfg.heads
     target = ctx.model("target")
@@ -537,6 +627,11 @@ def zoo_stage(ctx: Any) -> None:
                                         **OmegaConf.to_container(cfg.eagle3, resolve=True), seed=ctx.seed(9),
                                         desc="zoo eagle3 head")
     save_eagle3(eagle3, ctx.out / "eagle3", "zoo:target")
+    specdec, queries, specdec_stats = train_specdec(data, ctx.state["draft"], lm_head,
+                                                    **OmegaConf.to_container(cfg.specdec, resolve=True),
+                                                    seed=ctx.seed(10), desc="zoo specdec drafter")
+    save_specdec(specdec, queries, ctx.state.get("tokenizer"), ctx.out / "specdec", int(lm_head.weight.shape[0]),
+                 "zoo:target")
     ctx.card["heads"] = {
         "tokens": data.n_tokens, "seconds": seconds,
         "medusa": {"params": sum(p.numel() for p in medusa.parameters()), **medusa_stats.as_dict()},
@@ -545,4 +640,6 @@ def zoo_stage(ctx: Any) -> None:
         "ppd": {"params": sum(p.numel() for p in ppd.parameters()), "exit_layer": exit_layer, **ppd_stats.as_dict()},
         "eagle3": {"params": sum(p.numel() for p in eagle3.parameters()), "draft_vocab": eagle3.draft_vocab_size,
                    **eagle3_stats.as_dict()},
+        "specdec": {"params": sum(p.numel() for p in specdec.parameters()) + queries.embeddings.numel(),
+                    "block": queries.block, **specdec_stats.as_dict()},
     }
