@@ -9,7 +9,8 @@ records, a text file with blank lines between documents, a hub dataset id, `zoo:
 is short for `zoo:corpus`), split and text_field (for those), tokens (corpus tokens to use),
 steps, lr, seed, threads, device, seq_len, for Medusa and Hydra heads / layers / train_projections,
 for PPD exit_layer (the blocks before the early exit; default half the model's), and for EAGLE-3
-draft_vocab (the most frequent tokens kept; default all) and ttt_steps (training-time-test steps), for
+draft_vocab (the most frequent tokens kept; default all), ttt_steps (training-time-test steps) and
+feature_layers (three hidden_states indices, e.g. 2,4,8; default the published (2, L/2, L-3)), for
 SpecDec draft (the small model it starts from; default the model config's `draft`) and block (tokens
 drafted per forward).
 Any decoder that transformers loads will do (head sizes come from its config's generic names).
@@ -32,7 +33,8 @@ from specbench.core.errors import SpecbenchError
 USAGE = ("python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd|specdec model=NAME [model.path=...] "
          "[out=DIR] [key=value ...]")
 KEYS = {"method", "model", "out", "corpus", "split", "text_field", "tokens", "steps", "lr", "seed", "threads", "device",
-        "heads", "layers", "train_projections", "seq_len", "exit_layer", "draft_vocab", "ttt_steps", "draft", "block"}
+        "heads", "layers", "train_projections", "seq_len", "exit_layer", "draft_vocab", "ttt_steps", "feature_layers",
+        "draft", "block"}
 SEQ_LEN = 512
 ZOO_CORPUS = "zoo:corpus"
 
@@ -71,7 +73,7 @@ def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
                                  f"method={opts['method']}")
     if "exit_layer" in opts and opts["method"] != "ppd":
         raise SpecbenchError(f"train-head exit_layer applies to method=ppd only; drop it for method={opts['method']}")
-    extra = [k for k in ("draft_vocab", "ttt_steps") if k in opts]
+    extra = [k for k in ("draft_vocab", "ttt_steps", "feature_layers") if k in opts]
     if extra and opts["method"] != "eagle3":
         raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=eagle3 only; drop them for "
                              f"method={opts['method']}")
@@ -132,6 +134,14 @@ def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
         for key in ("draft_vocab", "ttt_steps"):
             if key in opts:
                 settings[key] = _int(opts, key, 1)
+        if "feature_layers" in opts:
+            try:
+                settings["layers"] = [int(x) for x in opts["feature_layers"].split(",")]
+            except ValueError:
+                settings["layers"] = []
+            if len(settings["layers"]) != 3 or min(settings["layers"]) < 0:
+                raise SpecbenchError(f"train-head feature_layers={opts['feature_layers']!r}: give three "
+                                     "comma-separated hidden_states indices, e.g. feature_layers=2,4,8")
     return settings
 
 
@@ -248,7 +258,7 @@ def train_head_main(args: list[str]) -> int:
     if method == "eagle3":
         from specbench.heads.eagle3 import feature_layers
 
-        layers = feature_layers(int(model.config.get_text_config().num_hidden_layers))
+        layers = feature_layers(int(model.config.get_text_config().num_hidden_layers), settings.get("layers"))
     data = headtrain.collect_features(model, ids.to(device), valid.to(device), layers=layers)
     if method == "medusa":
         heads, stats = headtrain.train_medusa(data, model.get_output_embeddings(),

@@ -3,7 +3,9 @@ prediction with its own (reduced) vocabulary, trained with "training-time test".
 
 - Input features: the target's hidden states at three depths, hidden_states[i] for i in
   (2, L // 2, L - 3) of an L-block target (the inputs of those blocks, as the published code
-  captures them), concatenated (3d) and mapped to d by `fc` (no bias).
+  captures them), concatenated (3d) and mapped to d by `fc` (no bias). A head we train may record
+  other indices in config.json as `eagle3_layers` (our extension; published heads have none and
+  use the rule): on a shallow target L - 3 leaves a large share of the blocks out.
 - One decoder layer ("midlayer") whose attention reads [input_layernorm(embedding of the next
   token), hidden_norm(h)] (2d wide): h is fc(fused features) for real positions and the layer's own
   previous output while drafting deeper nodes; the residual is h.
@@ -41,9 +43,18 @@ IGNORED_KEYS = ("embed_tokens.weight",)
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
-def feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """The target's hidden_states indices EAGLE-3 fuses (low, middle, high), kept inside 1..L."""
-    return min(2, num_layers), max(1, num_layers // 2), max(1, num_layers - 3)
+def feature_layers(num_layers: int, layers: tuple[int, ...] | list[int] | None = None) -> tuple[int, int, int]:
+    """The target's hidden_states indices EAGLE-3 fuses (low, middle, high): `layers` when given
+    (checked: three indices in 0..L, hidden_states[L] being the final norm's output), else the
+    published rule (2, L // 2, L - 3), kept inside 1..L."""
+    if layers is None:
+        return min(2, num_layers), max(1, num_layers // 2), max(1, num_layers - 3)
+    picked = tuple(layers)
+    if len(picked) != 3 or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= num_layers
+                                   for i in picked):
+        raise SpecbenchError(f"EAGLE-3 feature layers {list(picked)}: give three hidden_states indices in "
+                             f"0..{num_layers} (low, middle, high) for this {num_layers}-block target")
+    return picked  # type: ignore[return-value]
 
 
 class Eagle3Layer(nn.Module):
@@ -68,9 +79,13 @@ class Eagle3Layer(nn.Module):
 class Eagle3Head(nn.Module):
     """fc (3d -> d), the midlayer, norm and the draft LM head with its vocabulary map."""
 
-    def __init__(self, config: LlamaConfig, draft_vocab_size: int, target_vocab_size: int) -> None:
+    def __init__(self, config: LlamaConfig, draft_vocab_size: int, target_vocab_size: int,
+                 layers: tuple[int, ...] | None = None) -> None:
         super().__init__()
         d = int(config.hidden_size)
+        #: hidden_states indices the head was trained on when they are not the published rule's
+        #: (config.json `eagle3_layers`, our extension); None = feature_layers(L)
+        self.layers = tuple(int(i) for i in layers) if layers else None
         if not 1 <= draft_vocab_size <= target_vocab_size:
             raise SpecbenchError(f"EAGLE-3's draft vocabulary ({draft_vocab_size}) must hold 1 to "
                                  f"{target_vocab_size} (the target's) tokens")
@@ -132,6 +147,8 @@ def save_eagle3(head: Eagle3Head, folder: Path, base_model: str = "") -> Path:
     config.update({"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
                    "draft_vocab_size": head.draft_vocab_size, "vocab_size": head.target_vocab_size,
                    "base_model_name_or_path": base_model, "specbench_head": "eagle3"})
+    if head.layers is not None:
+        config["eagle3_layers"] = list(head.layers)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     write_state_dict({k: v for k, v in head.state_dict().items()}, folder, "model.safetensors", "pytorch_model.bin")
     return folder
@@ -162,7 +179,12 @@ def load_eagle3(folder: Path, hidden_size: int, vocab_size: int, device: torch.d
         config.num_hidden_layers = 1
         if config.hidden_act not in ACT2FN:
             raise ValueError(f"unknown hidden_act {config.hidden_act!r}")
-        head = Eagle3Head(config, int(raw["draft_vocab_size"]), vocab_size)
+        layers = raw.get("eagle3_layers")
+        if layers is not None and (not isinstance(layers, list) or len(layers) != 3
+                                   or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
+            raise SpecbenchError(f"EAGLE-3 head config {path}: eagle3_layers is {layers!r}, expected three "
+                                 "hidden_states indices")
+        head = Eagle3Head(config, int(raw["draft_vocab_size"]), vocab_size, layers)
     except SpecbenchError:
         raise
     except Exception as exc:  # noqa: BLE001 - transformers' config validation raises several types

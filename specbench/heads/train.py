@@ -413,7 +413,8 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
 
 def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 200,
                  batch_rows: int = 8, window: int = 192, lr: float = 2e-3, weight_decay: float = 0.0,
-                 ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None, seed: int = 0,
+                 ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None,
+                 train_lm_head: bool = True, layers: list[int] | None = None, seed: int = 0,
                  desc: str = "eagle3 head") -> tuple[Eagle3Head, HeadStats]:
     """An EAGLE-3 head on the frozen fused states (`data.fused`), with training-time test.
 
@@ -429,7 +430,10 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
     torch.manual_seed(seed)
     vocab = int(lm_head.weight.shape[0])
     size = vocab if not draft_vocab else min(int(draft_vocab), vocab)
-    head = Eagle3Head(head_config_for(target_config, num_layers=1), size, vocab)
+    if data.fused.shape[-1] != 3 * int(lm_head.weight.shape[1]):
+        raise SpecbenchError("EAGLE-3 training needs three fused target states per token "
+                             "(collect_features(layers=...))")
+    head = Eagle3Head(head_config_for(target_config, num_layers=1), size, vocab, tuple(layers) if layers else None)
     counts = torch.bincount(data.input_ids[data.valid].flatten(), minlength=vocab)[:vocab]
     head.set_vocabulary(torch.sort(-counts.float(), stable=True).indices[:size])
     ids_map = head.target_ids()
@@ -443,7 +447,8 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
     if not len(usable):
         raise SpecbenchError(f"EAGLE-3 training needs rows of at least {ttt_steps + 8} real tokens; give longer "
                              "documents or a larger seq_len")
-    params = list(head.parameters())
+    head.lm_head.weight.requires_grad_(train_lm_head)
+    params = [p for p in head.parameters() if p.requires_grad]
     opt = _optimizer(params, lr, weight_decay)
     start, ema = time.perf_counter(), None
     hits = torch.zeros(ttt_steps)
@@ -599,8 +604,10 @@ def zoo_stage(ctx: Any) -> None:
     n_rows = max(1, math.ceil(int(cfg.tokens) / rows.input_ids.shape[1]))
     start = time.perf_counter()
     n_layers = int(target.config.num_hidden_layers)
+    eagle3_cfg = OmegaConf.to_container(cfg.eagle3, resolve=True)
+    layers = feature_layers(n_layers, eagle3_cfg.get("layers"))
     data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, desc="zoo head features",
-                            layers=feature_layers(n_layers))
+                            layers=layers)
     seconds = {"features": round(time.perf_counter() - start, 1)}
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
     medusa, medusa_stats = train_medusa(data, lm_head, **OmegaConf.to_container(cfg.medusa, resolve=True),
@@ -623,8 +630,7 @@ def zoo_stage(ctx: Any) -> None:
                                      seed=ctx.seed(8), desc="zoo ppd exit head")
     del states
     save_exit_head(ppd, ctx.out / "ppd", int(lm_head.weight.shape[0]), "zoo:target")
-    eagle3, eagle3_stats = train_eagle3(data, embed, lm_head, target.config,
-                                        **OmegaConf.to_container(cfg.eagle3, resolve=True), seed=ctx.seed(9),
+    eagle3, eagle3_stats = train_eagle3(data, embed, lm_head, target.config, **eagle3_cfg, seed=ctx.seed(9),
                                         desc="zoo eagle3 head")
     save_eagle3(eagle3, ctx.out / "eagle3", "zoo:target")
     specdec, queries, specdec_stats = train_specdec(data, ctx.state["draft"], lm_head,

@@ -299,7 +299,7 @@ class Eagle3(SpeculativeMethod):
         text = model.config.get_text_config()
         folder = head_folder(s.head, self.model_cfg, "eagle3", "EAGLE-3")
         self.head = load_eagle3(folder, hidden, int(text.vocab_size), self.target.device, self.target.dtype)
-        layers = feature_layers(int(text.num_hidden_layers))
+        layers = feature_layers(int(text.num_hidden_layers), self.head.layers)
         return Eagle3Drafter(self.head, model.get_input_embeddings(), layers, s.depth, s.top_k, s.total_tokens)
 
     def extra_parameters(self) -> int:
