@@ -330,8 +330,8 @@ HEAD_CASES = [
 ]
 
 TRAIN_CASES = [
-    (["method=sps", "model=tiny"], r"train-head needs method=medusa or method=eagle \(got method=sps\)"),
-    (["model=tiny"], r"train-head needs method=medusa or method=eagle; usage"),
+    (["method=sps", "model=tiny"], r"train-head needs method=medusa, eagle, .*\(got method=sps\)"),
+    (["model=tiny"], r"train-head needs method=medusa, eagle, [a-z0-9, ]+ or specdec; usage"),
     (["method=eagle"], r"train-head needs model=NAME"),
     (["method=eagle", "model=nope"], r"unknown model 'nope'"),
     (["method=medusa", "model=local"], r"model=local needs model\.path="),
@@ -343,7 +343,7 @@ TRAIN_CASES = [
     (["method=medusa", "model=local", "model.path={gpt2}", "lr=0"], r"lr='0' must be a positive number"),
     (["method=medusa", "model=local", "model.path={gpt2}", "out={root}/a-file"], r"a-file is a file, not a folder"),
     (["method=medusa", "model=local", "model.path={gpt2}", "out={root}/a-file/head"], r"a-file is a file"),
-    (["method=eagle", "model=local", "model.path={gpt2}", "heads=3"], r"heads apply to method=medusa only"),
+    (["method=eagle", "model=local", "model.path={gpt2}", "heads=3"], r"heads apply to method=medusa and hydra only"),
     (["method=medusa", "model=local", "model.path={gpt2}", "train_projections=maybe"], r"must be true or false"),
     (["method=medusa", "model=local", "model.path={gpt2}", "threads=0"], r"threads=0 must be at least 1"),
     (["method=medusa", "model=local", "model.path={gpt2}", "colour=red"], r"unknown train-head key 'colour'"),

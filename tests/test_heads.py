@@ -333,7 +333,7 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
 
 
-def test_zoo_stage_writes_both_heads(targets, tmp_path):  # noqa: F811
+def test_zoo_stage_writes_every_head(targets, tmp_path):  # noqa: F811
     from types import SimpleNamespace
 
     from specbench.heads.train import zoo_stage
@@ -344,11 +344,18 @@ def test_zoo_stage_writes_both_heads(targets, tmp_path):  # noqa: F811
     labels = ids.clone()
     labels[:, 50:] = -100
     cfg = OmegaConf.create({"heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
-                                      "eagle": {"steps": 3, "batch_rows": 2, "window": 32}}})
-    ctx = SimpleNamespace(cfg=cfg, out=tmp_path, state={"train_rows": SimpleNamespace(input_ids=ids, labels=labels)},
-                          card={}, model=lambda name: target.model, seed=lambda offset: offset)
+                                      "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
+                                      "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+                                      "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
+                                      "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
+                                      "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}}})
+    state = {"train_rows": SimpleNamespace(input_ids=ids, labels=labels), "draft": target.model,
+             "tokenizer": target.tokenizer}
+    ctx = SimpleNamespace(cfg=cfg, out=tmp_path, state=state, card={}, model=lambda name: target.model,
+                          seed=lambda offset: offset)
     zoo_stage(ctx)
     assert ctx.card["heads"]["tokens"] == 4 * 50 and ctx.card["heads"]["medusa"]["steps"] == 3
-    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle")):
+    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle"), ("hydra", "hydra"), ("ppd", "ppd"),
+                         ("eagle3", "eagle3"), ("specdec", "specdec")):
         method = build_method(method_cfg(name, head=str(tmp_path / folder)), target, EMPTY)
         assert_matches_baseline(method, target, lengths=(6,))

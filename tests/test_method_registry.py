@@ -76,7 +76,9 @@ def test_builtins_carry_suites(plugin_dir):
     reg = registry.discover()
     builtins = reg.names(source=registry.BUILTIN)
     assert builtins == sorted(p.stem for p in (REPO / "configs" / "method").glob("*.yaml"))
-    assert reg.names(suite="bench") == builtins
+    lossy = [n for n in builtins if "LOSSY" in str(reg.facts(n).get("verification", ""))]
+    assert lossy == ["specdec_lossy"] and not reg.suites("specdec_lossy")  # a lossy option joins no suite
+    assert reg.names(suite="bench") == [n for n in builtins if n not in lossy]
     assert set(reg.names(suite="quick")) == QUICK
     assert all(reg.facts(n).get("description") for n in builtins)  # the README table's text
 

@@ -38,6 +38,35 @@ def depth_acceptance(runs: list[Run]) -> list[float] | None:
     return [accepted[d] / drafted[d] if drafted[d] else 0.0 for d in range(max(drafted) + 1)]
 
 
+#: how many consecutive parts `stream_acceptance` cuts a run's question stream into
+STREAM_PARTS = 5
+
+
+def stream_acceptance(runs: list[Run], parts: int = STREAM_PARTS) -> dict[str, Any] | None:
+    """Mean accepted tokens per step in each of `parts` consecutive parts of the question stream
+    (the answers in the order they were made, by `tstamp`; pooled over runs), and the draft
+    updates of methods that learn online (`online_updates` / `online_update_seconds` per turn).
+    None when no run has `parts` answers."""
+    emitted, steps = [0] * parts, [0] * parts
+    updates, seconds = 0, 0.0
+    for run in runs:
+        records = sorted(run.records, key=lambda r: r.get("tstamp") or 0.0)
+        if len(records) < parts:
+            continue
+        for i, r in enumerate(records):
+            lengths = r["choices"][0].get("accept_lengths", [])
+            part = i * parts // len(records)
+            emitted[part] += sum(lengths)
+            steps[part] += len(lengths)
+            for stats in (r.get(EXTRA_KEY) or {}).get("stats", []):
+                updates += int((stats or {}).get("online_updates", 0) or 0)
+                seconds += float((stats or {}).get("online_update_seconds", 0.0) or 0.0)
+    if not any(steps):
+        return None
+    return {"mean_accepted": [e / s if s else None for e, s in zip(emitted, steps)],
+            "online_updates": updates, "online_update_seconds": seconds}
+
+
 def time_split(rows: pd.DataFrame) -> dict[str, float] | None:
     """Shares of wall time in tidy-frame rows: prefill, each timed section (draft, verify, ...),
     and the rest (bookkeeping). None when no section was timed."""

@@ -42,6 +42,7 @@ class MethodResult:
     facts: dict[str, Any] = field(default_factory=dict)
     contended: list[dict[str, Any]] = field(default_factory=list)  # runs.run_contention of its flagged runs
     memory: dict[str, Any] | None = None  # runs.method_memory: measured peak and drafter weights
+    stream: dict[str, Any] | None = None  # audit.stream_acceptance: acceptance across the question stream
 
 
 def metric_rows(table: pd.DataFrame, method: str) -> dict[str, dict[str, float]]:
@@ -108,6 +109,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.facts = method_facts(runs)
         result.contended = [c for run in runs if (c := run_contention(run))]
         result.memory = method_memory(runs)
+        result.stream = audit.stream_acceptance(runs)
         if group.temperature == 0 and name != BASELINE:
             result.audit = audit.lossless_audit(runs, base_runs, tie_margin)
         group.results.append(result)

@@ -1,4 +1,4 @@
-"""`python -m specbench train-head method=medusa|eagle model=NAME [key=value ...]`.
+"""`python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd|specdec model=NAME [key=value ...]`.
 
 Trains a head with the target frozen on a corpus (by default `zoo:corpus`, the zoo's training
 conversations, rendered with the target's chat template) and writes it in the published layout,
@@ -7,7 +7,12 @@ override its fields), out, corpus (anything `specbench.datastore.read_corpus` re
 .json/.jsonl/.parquet/.csv file of text / messages / ShareGPT conversations / Spec-Bench turns
 records, a text file with blank lines between documents, a hub dataset id, `zoo:corpus`; `zoo`
 is short for `zoo:corpus`), split and text_field (for those), tokens (corpus tokens to use),
-steps, lr, seed, threads, device, seq_len, and for Medusa heads / layers / train_projections.
+steps, lr, seed, threads, device, seq_len, for Medusa and Hydra heads / layers / train_projections,
+for PPD exit_layer (the blocks before the early exit; default half the model's), and for EAGLE-3
+draft_vocab (the most frequent tokens kept; default all), ttt_steps (training-time-test steps) and
+feature_layers (three hidden_states indices, e.g. 2,4,8; default the published (2, L/2, L-3)), for
+SpecDec draft (the small model it starts from; default the model config's `draft`) and block (tokens
+drafted per forward).
 Any decoder that transformers loads will do (head sizes come from its config's generic names).
 Settings are checked before the model loads, each bad one named in a one-line error; a pad id
 the model cannot embed falls back to EOS (said on stderr).
@@ -25,16 +30,19 @@ from omegaconf import OmegaConf
 
 from specbench.core.errors import SpecbenchError
 
-USAGE = "python -m specbench train-head method=medusa|eagle model=NAME [model.path=...] [out=DIR] [key=value ...]"
+USAGE = ("python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd|specdec model=NAME [model.path=...] "
+         "[out=DIR] [key=value ...]")
 KEYS = {"method", "model", "out", "corpus", "split", "text_field", "tokens", "steps", "lr", "seed", "threads", "device",
-        "heads", "layers", "train_projections", "seq_len"}
+        "heads", "layers", "train_projections", "seq_len", "exit_layer", "draft_vocab", "ttt_steps", "feature_layers",
+        "draft", "block"}
 SEQ_LEN = 512
 ZOO_CORPUS = "zoo:corpus"
 
 
 MEDUSA_KEYS = ("heads", "layers", "train_projections")
 #: Integer keys and their least value.
-INT_KEYS = {"tokens": 1, "steps": 1, "seed": 0, "threads": 1, "seq_len": 2, "heads": 1, "layers": 0}
+INT_KEYS = {"tokens": 1, "steps": 1, "seed": 0, "threads": 1, "seq_len": 2, "heads": 1, "layers": 0, "exit_layer": 1,
+            "draft_vocab": 1, "ttt_steps": 1, "block": 2}
 BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -51,17 +59,28 @@ def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
             opts[key] = value
         else:
             raise SpecbenchError(f"unknown train-head key '{key}'; keys: {', '.join(sorted(KEYS))}, model.*")
-    if opts.get("method") not in ("medusa", "eagle", "eagle2"):
+    if opts.get("method") not in ("medusa", "eagle", "eagle2", "eagle3", "hydra", "ppd", "specdec"):
         got = f" (got method={opts['method']})" if "method" in opts else ""
-        raise SpecbenchError(f"train-head needs method=medusa or method=eagle{got}; usage: {USAGE}")
+        raise SpecbenchError(f"train-head needs method=medusa, eagle, eagle3, hydra, ppd or specdec{got}; "
+                             f"usage: {USAGE}")
     if not opts.get("model"):
         raise SpecbenchError(f"train-head needs model=NAME (a configs/model name, e.g. model=tiny, or model=local "
                              f"model.path=/path/to/model); usage: {USAGE}")
-    if opts["method"] != "medusa":
+    if opts["method"] not in ("medusa", "hydra"):
         extra = [k for k in MEDUSA_KEYS if k in opts]
         if extra:
-            raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=medusa only; drop them for "
+            raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=medusa and hydra only; drop them for "
                                  f"method={opts['method']}")
+    if "exit_layer" in opts and opts["method"] != "ppd":
+        raise SpecbenchError(f"train-head exit_layer applies to method=ppd only; drop it for method={opts['method']}")
+    extra = [k for k in ("draft_vocab", "ttt_steps", "feature_layers") if k in opts]
+    if extra and opts["method"] != "eagle3":
+        raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=eagle3 only; drop them for "
+                             f"method={opts['method']}")
+    extra = [k for k in ("draft", "block") if k in opts]
+    if extra and opts["method"] != "specdec":
+        raise SpecbenchError(f"train-head {', '.join(extra)} apply to method=specdec only; drop them for "
+                             f"method={opts['method']}")
     return opts, model_overrides
 
 
@@ -82,7 +101,9 @@ def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
     """The trainer's keyword settings from the command line (checked)."""
     from specbench.heads import train as headtrain
 
-    defaults = headtrain.MEDUSA_DEFAULTS if method == "medusa" else headtrain.EAGLE_DEFAULTS
+    defaults = {"medusa": headtrain.MEDUSA_DEFAULTS, "hydra": headtrain.HYDRA_DEFAULTS, "ppd": headtrain.PPD_DEFAULTS,
+                "eagle3": headtrain.EAGLE3_DEFAULTS, "specdec": headtrain.SPECDEC_DEFAULTS}.get(method,
+                                                                                  headtrain.EAGLE_DEFAULTS)
     settings: dict[str, Any] = {"seed": _int(opts, "seed", 0)}
     if "steps" in opts:
         settings["steps"] = _int(opts, "steps", defaults["steps"])
@@ -94,7 +115,7 @@ def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
         if not lr > 0 or lr == float("inf"):
             raise SpecbenchError(f"train-head lr={opts['lr']!r} must be a positive number, e.g. lr={defaults['lr']}")
         settings["lr"] = lr
-    if method == "medusa":
+    if method in ("medusa", "hydra"):
         for key, name in (("heads", "num_heads"), ("layers", "num_layers")):
             if key in opts:
                 settings[name] = _int(opts, key, defaults[name])
@@ -104,6 +125,23 @@ def _settings(opts: dict[str, str], method: str) -> dict[str, Any]:
                 raise SpecbenchError(f"train-head train_projections={opts['train_projections']!r} must be true or "
                                      "false")
             settings["train_projections"] = BOOLEANS[flag]
+        if method == "hydra" and settings.get("num_layers", 1) < 1:
+            raise SpecbenchError("train-head layers=0: a Hydra head needs at least 1 layer (its first block reads "
+                                 "the drafted tokens)")
+    if method == "specdec" and "block" in opts:
+        settings["block"] = _int(opts, "block", defaults["block"])
+    if method == "eagle3":
+        for key in ("draft_vocab", "ttt_steps"):
+            if key in opts:
+                settings[key] = _int(opts, key, 1)
+        if "feature_layers" in opts:
+            try:
+                settings["layers"] = [int(x) for x in opts["feature_layers"].split(",")]
+            except ValueError:
+                settings["layers"] = []
+            if len(settings["layers"]) != 3 or min(settings["layers"]) < 0:
+                raise SpecbenchError(f"train-head feature_layers={opts['feature_layers']!r}: give three "
+                                     "comma-separated hidden_states indices, e.g. feature_layers=2,4,8")
     return settings
 
 
@@ -178,6 +216,9 @@ def train_head_main(args: list[str]) -> int:
     from specbench.core.resources import CONFIG_DIR
     from specbench.heads import train as headtrain
     from specbench.heads.eagle import save_eagle
+    from specbench.heads.eagle3 import save_eagle3
+    from specbench.heads.exit import save_exit_head
+    from specbench.heads.hydra import save_hydra
     from specbench.heads.medusa import save_medusa
     from specbench.models import load_model, resolve_device
 
@@ -213,11 +254,48 @@ def train_head_main(args: list[str]) -> int:
                              f"{vocab} tokens: tokenizer and model do not belong together")
     ids, valid = pack_rows(docs, seq_len, pad_id(tokenizer, vocab))
     start = time.perf_counter()
-    data = headtrain.collect_features(model, ids.to(device), valid.to(device))
+    layers = None
+    if method == "eagle3":
+        from specbench.heads.eagle3 import feature_layers
+
+        layers = feature_layers(int(model.config.get_text_config().num_hidden_layers), settings.get("layers"))
+    data = headtrain.collect_features(model, ids.to(device), valid.to(device), layers=layers)
     if method == "medusa":
         heads, stats = headtrain.train_medusa(data, model.get_output_embeddings(),
                                               **{**headtrain.MEDUSA_DEFAULTS, **settings})
         save_medusa(heads, out, str(model_cfg.path))
+    elif method == "hydra":
+        heads, stats = headtrain.train_hydra(data, model.get_input_embeddings(), model.get_output_embeddings(),
+                                             **{**headtrain.HYDRA_DEFAULTS, **settings})
+        save_hydra(heads, out, str(model_cfg.path))
+    elif method == "ppd":
+        n_layers = int(model.config.get_text_config().num_hidden_layers)
+        exit_layer = _int(opts, "exit_layer", n_layers // 2)
+        if exit_layer >= n_layers:
+            raise SpecbenchError(f"train-head exit_layer={exit_layer} must be below the model's {n_layers} blocks")
+        states = headtrain.collect_exit_states(model, ids.to(device), valid.to(device), exit_layer)
+        heads, stats = headtrain.train_exit_head(data, states, model.get_output_embeddings(), exit_layer=exit_layer,
+                                                 num_layers=n_layers, **{**headtrain.PPD_DEFAULTS, **settings})
+        save_exit_head(heads, out, int(model.get_output_embeddings().weight.shape[0]), str(model_cfg.path))
+    elif method == "specdec":
+        from specbench.heads.specdec import save_specdec
+        from specbench.methods.sps import check_same_vocabulary
+
+        spec = opts.get("draft") or model_cfg.get("draft")
+        if not spec:
+            raise SpecbenchError(f"train-head method=specdec starts from a small draft model; give draft=HUB_ID|FOLDER "
+                                 f"(model={model_name} names none)")
+        draft = load_model(str(spec), device=device, dtype=torch.float32,
+                           trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+        check_same_vocabulary(target, draft, str(spec))
+        nar, queries, stats = headtrain.train_specdec(data, draft.model, model.get_output_embeddings(),
+                                                      **{**headtrain.SPECDEC_DEFAULTS, **settings})
+        save_specdec(nar, queries, draft.tokenizer, out, int(model.get_output_embeddings().weight.shape[0]),
+                     str(model_cfg.path))
+    elif method == "eagle3":
+        heads, stats = headtrain.train_eagle3(data, model.get_input_embeddings(), model.get_output_embeddings(),
+                                              model.config, **{**headtrain.EAGLE3_DEFAULTS, **settings})
+        save_eagle3(heads, out, str(model_cfg.path))
     else:
         head, stats = headtrain.train_eagle(data, model.get_input_embeddings(), model.get_output_embeddings(),
                                             model.config, **{**headtrain.EAGLE_DEFAULTS, **settings})

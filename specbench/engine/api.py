@@ -118,6 +118,10 @@ class Method:
     def reset(self) -> None:
         """Forget state carried across questions (called at the start of every run)."""
 
+    def start_stream(self) -> None:
+        """The timed question stream of a run starts (after the warm-up): a method that learns
+        from the questions it has answered (Online Speculative Decoding) starts over here."""
+
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:
         cache = self.target.new_cache()

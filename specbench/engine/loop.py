@@ -87,6 +87,12 @@ class SpeculativeMethod(Method):
     def reset(self) -> None:
         self.drafter.reset()
 
+    def verify_step(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams) -> Verdict:
+        """Which path of `tree` the target accepts (logits: root row, then one row per node). The
+        engine's exact, lossless verification; a method may override it only for a lossy option
+        that is labelled as such (methods.specdec's top-beta)."""
+        return verify(tree, logits, sampling)
+
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:
         if not self.drafter.needs_hidden_states:
@@ -152,7 +158,7 @@ class SpeculativeMethod(Method):
             with timer.section("verify"):
                 out = self.scorer.score(cache, past, tokens[-1], tree, tree_mode, model_out_hidden)
                 logits = out.logits[0]
-                verdict = verify(tree, logits[: n + 1], sampling)
+                verdict = self.verify_step(tree, logits[: n + 1], sampling)
             rows = verdict.rows
             keep_rows(cache, past, logits.shape[0], rows)
             past += len(rows)

@@ -58,17 +58,20 @@ class HeadCache:
 
 
 class EagleAttention(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    """Llama attention on the head's own cache; `in_features` wider than the hidden size is
+    EAGLE-3's layer, whose q/k/v read [embedding, feature] (2d)."""
+
+    def __init__(self, config: LlamaConfig, in_features: int | None = None) -> None:
         super().__init__()
         self.n_heads = config.num_attention_heads
         self.n_kv = config.num_key_value_heads
         self.head_dim = config.head_dim
         bias = bool(getattr(config, "attention_bias", False))
-        h = config.hidden_size
+        h = in_features or config.hidden_size
         self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: HeadCache | None, layer: int,
                 attend: torch.Tensor | None) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""Training EAGLE and Medusa heads with the target frozen.
+"""Training EAGLE, Medusa and Hydra heads with the target frozen.
 
 The target runs once over the token rows (no grad) and its features (last hidden state after
-the final norm, what its LM head reads) are kept in memory; both heads then train on them:
+the final norm, what its LM head reads) are kept in memory; the heads then train on them:
 
 - Medusa: cross-entropy of head k against the token k + 2 positions ahead, weighted
   `decay ** k` as in Medusa-1. The heads are position-wise, so each step takes a random
@@ -10,10 +10,18 @@ the final norm, what its LM head reads) are kept in memory; both heads then trai
   cross-entropy between the target's next-token distribution and the LM head on the predicted
   feature (the EAGLE paper's 1.0 / 0.1), with uniform noise on the input features (EAGLE's
   augmentation against its own drafting errors).
+- Hydra: like Medusa, but head k also reads the embeddings of the k + 1 tokens before the one
+  it predicts (teacher-forced with the corpus tokens), and learns the target's own distribution
+  there (distillation) rather than the corpus token.
+- EAGLE-3: token prediction from fused low / middle / high states with training-time test
+  (`train_eagle3`).
+- PPD's exit head: a residual block on the target's state after its first `exit_layer` blocks
+  (through its final norm), learning the full target's next-token distribution there.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -29,13 +37,23 @@ from tqdm import tqdm
 
 from specbench.core.errors import SpecbenchError
 from specbench.heads.eagle import EagleHead, head_config_for
+from specbench.heads.eagle3 import Eagle3Head, feature_layers
+from specbench.heads.exit import ExitHead
+from specbench.heads.hydra import HydraHeads
 from specbench.heads.medusa import MedusaHeads
+from specbench.heads.specdec import MaskQueries, training_layout
 
 #: Corpus tokens the frozen target is run over by default, and the heads' training settings:
 #: sized so that both heads train in a few minutes on a 2-core CPU for the zoo's target.
 DEFAULT_TOKENS = 120_000
 MEDUSA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150, "batch_positions": 1024,
                                    "lr": 3e-3, "train_projections": False}
+HYDRA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150, "batch_positions": 512,
+                                  "lr": 3e-3, "train_projections": False, "distill": True}
+EAGLE3_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 192, "lr": 2e-3, "ttt_steps": 3,
+                                   "step_decay": 0.8, "draft_vocab": None}
+PPD_DEFAULTS: dict[str, Any] = {"steps": 150, "batch_positions": 1024, "lr": 3e-3}
+SPECDEC_DEFAULTS: dict[str, Any] = {"block": 4, "steps": 500, "batch_rows": 8, "window": 128, "cuts": 24, "lr": 1e-3}
 EAGLE_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 256, "lr": 2e-3, "ce_weight": 0.1,
                                   "ce_fraction": 0.25, "noise": 0.1}
 
@@ -47,6 +65,7 @@ class Features:
     input_ids: torch.Tensor  # (rows, L) long
     valid: torch.Tensor  # (rows, L) bool: real tokens (not padding)
     features: torch.Tensor  # (rows, L, d) float32
+    fused: torch.Tensor | None = None  # (rows, L, 3d) float32: EAGLE-3's low, middle, high states, when asked
 
     @property
     def n_tokens(self) -> int:
@@ -55,16 +74,19 @@ class Features:
 
 @torch.no_grad()  # not inference_mode: the features feed autograd later
 def collect_features(model: nn.Module, input_ids: torch.Tensor, valid: torch.Tensor, batch_size: int = 8,
-                     desc: str = "target features") -> Features:
-    """Run the frozen target over the rows and keep its final-norm hidden states."""
+                     desc: str = "target features", layers: tuple[int, ...] | None = None) -> Features:
+    """Run the frozen target over the rows and keep its final-norm hidden states (and, with
+    `layers`, the hidden_states at those indices side by side: EAGLE-3's fused input)."""
     model.eval()
-    out = []
+    out, fused = [], []
     for start in tqdm(range(0, input_ids.shape[0], batch_size), desc=desc, file=sys.stderr, mininterval=2.0):
         ids = input_ids[start : start + batch_size]
         width = int(valid[start : start + batch_size].any(0).nonzero().max()) + 1  # skip the all-padding tail
-        hidden = model(input_ids=ids[:, :width], output_hidden_states=True).hidden_states[-1].float()
-        out.append(F.pad(hidden, (0, 0, 0, ids.shape[1] - width)))
-    return Features(input_ids, valid, torch.cat(out))
+        states = model(input_ids=ids[:, :width], output_hidden_states=True).hidden_states
+        out.append(F.pad(states[-1].float(), (0, 0, 0, ids.shape[1] - width)))
+        if layers:
+            fused.append(F.pad(torch.cat([states[i].float() for i in layers], dim=-1), (0, 0, 0, ids.shape[1] - width)))
+    return Features(input_ids, valid, torch.cat(out), torch.cat(fused) if layers else None)
 
 
 @contextmanager
@@ -165,6 +187,318 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
     return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
 
 
+def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
+                steps: int = 300, batch_positions: int = 1024, lr: float = 1e-3, weight_decay: float = 0.0,
+                decay: float = 0.8, train_projections: bool = False, distill: bool = True, seed: int = 0,
+                desc: str = "hydra head") -> tuple[HydraHeads, HeadStats]:
+    """Hydra heads on the frozen features, teacher-forced: at position t head k reads h_t and the
+    embeddings of tokens t+1 .. t+k+1 and learns token t+k+2 (weighted `decay ** k`): with
+    `distill`, the cross-entropy to the target's own next-token distribution there (Hydra++'s
+    teacher distillation), else to the corpus token. Projections start as the LM head and are
+    trained only with `train_projections`."""
+    torch.manual_seed(seed)
+    vocab, hidden = lm_head.weight.shape
+    heads = HydraHeads(num_heads, num_layers, int(hidden), int(vocab))
+    heads.init_from_lm_head(lm_head)
+    for proj in heads.hydra_lm_head:
+        proj.requires_grad_(train_projections)
+    L = data.input_ids.shape[1]
+    # Positions t whose tokens t+1 .. t+K+1 are all real (packed rows pad only at the end).
+    ok = torch.stack([torch.roll(data.valid, -s, dims=1) for s in range(num_heads + 2)], dim=-1).all(-1)
+    ok[:, max(0, L - num_heads - 1) :] = False  # (rolled values wrap around: never past the row)
+    where = ok.nonzero()
+    if not len(where):
+        raise SpecbenchError(f"Hydra training needs documents of at least {num_heads + 2} tokens (each head "
+                             "learns a token further ahead); give longer documents, a larger seq_len or fewer heads")
+    gen = torch.Generator().manual_seed(seed)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = _optimizer(params, lr, weight_decay)
+    weights = [decay**k for k in range(num_heads)]
+    ahead = torch.arange(1, num_heads + 2)  # t+1 .. t+K+1
+    start, ema = time.perf_counter(), None
+    hits = torch.zeros(num_heads)
+    seen = 0
+    heads.train()
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    with frozen(embed, lm_head):
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+            pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
+            r, t = pick[:, 0], pick[:, 1]
+            with torch.no_grad():
+                emb = embed(data.input_ids[r[:, None], t[:, None] + ahead]).float()  # (B, K+1, d)
+                # The target's distribution of token t+k+2 is its LM head at position t+k+1.
+                teacher = lm_head(data.features[r[:, None], t[:, None] + ahead[:-1]]).float()  # (B, K, V)
+                labels = data.input_ids[r[:, None], t[:, None] + ahead[1:]] if not distill else teacher.argmax(-1)
+                teacher_p = torch.softmax(teacher, dim=-1) if distill else None
+            x = data.features[r, t]
+            loss = torch.zeros(())
+            for k in range(num_heads):
+                x = torch.cat([x, emb[:, k]], dim=-1)
+                logp = torch.log_softmax(heads.head(k, x).float(), dim=-1)
+                if distill:
+                    loss_k = -(teacher_p[:, k] * logp).sum(-1).mean()
+                else:
+                    loss_k = F.nll_loss(logp, labels[:, k])
+                loss = loss + weights[k] * loss_k
+                if step >= steps * 3 // 4:  # agreement with the target's argmax over the last quarter
+                    hits[k] += float((logp.detach().argmax(-1) == teacher[:, k].argmax(-1)).sum())
+            if step >= steps * 3 // 4:
+                seen += batch_positions
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            value = float(loss.detach())
+            ema = value if ema is None else 0.95 * ema + 0.05 * value
+            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    bar.close()
+    heads.eval()
+    for p in heads.parameters():
+        p.requires_grad_(False)
+    return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
+
+
+@torch.no_grad()  # not inference_mode: the states feed autograd later
+def collect_exit_states(model: nn.Module, input_ids: torch.Tensor, valid: torch.Tensor, exit_layer: int,
+                        batch_size: int = 8, desc: str = "early-exit states") -> torch.Tensor:
+    """The frozen target's state after its first `exit_layer` blocks, through its final norm (the
+    forward PPD's drafter runs: the model's own, with the block list narrowed), (rows, L, d)."""
+    from specbench.methods.self_spec import OnlyBlocks, decoder_blocks
+
+    name, blocks = decoder_blocks(model)
+    if not 1 <= exit_layer < len(blocks):
+        raise SpecbenchError(f"the exit layer must be in 1..{len(blocks) - 1} for this {len(blocks)}-block model, "
+                             f"got {exit_layer}")
+    model.eval()
+    out = []
+    with OnlyBlocks(model, name, list(range(exit_layer))):
+        for start in tqdm(range(0, input_ids.shape[0], batch_size), desc=desc, file=sys.stderr, mininterval=2.0):
+            ids = input_ids[start : start + batch_size]
+            width = int(valid[start : start + batch_size].any(0).nonzero().max()) + 1
+            hidden = model(input_ids=ids[:, :width], use_cache=False, output_hidden_states=True).hidden_states[-1]
+            out.append(F.pad(hidden.float(), (0, 0, 0, ids.shape[1] - width)))
+    return torch.cat(out)
+
+
+def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Module, *, exit_layer: int,
+                    num_layers: int, steps: int = 150, batch_positions: int = 1024, lr: float = 3e-3,
+                    weight_decay: float = 0.0, seed: int = 0,
+                    desc: str = "ppd exit head") -> tuple[ExitHead, HeadStats]:
+    """PPD's exit head on the frozen early-exit states: cross-entropy to the full target's next-token
+    distribution at the same position (distillation), through the frozen LM head."""
+    torch.manual_seed(seed)
+    head = ExitHead(int(lm_head.weight.shape[1]), exit_layer, num_layers)
+    where = data.valid.nonzero()
+    if not len(where):
+        raise SpecbenchError("PPD exit-head training needs at least one real token")
+    gen = torch.Generator().manual_seed(seed)
+    params = list(head.parameters())
+    opt = _optimizer(params, lr, weight_decay)
+    start, ema = time.perf_counter(), None
+    hits = seen = 0.0
+    head.train()
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    with frozen(lm_head):
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+            pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
+            with torch.no_grad():
+                teacher = lm_head(data.features[pick[:, 0], pick[:, 1]]).float()
+            logp = torch.log_softmax(head(exit_states[pick[:, 0], pick[:, 1]], lm_head).float(), dim=-1)
+            loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if step >= steps * 3 // 4:
+                hits += float((logp.detach().argmax(-1) == teacher.argmax(-1)).sum())
+                seen += batch_positions
+            value = float(loss.detach())
+            ema = value if ema is None else 0.95 * ema + 0.05 * value
+            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    bar.close()
+    head.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), [hits / max(seen, 1.0)])
+
+
+def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block: int = 4, steps: int = 300,
+                  batch_rows: int = 8, window: int = 128, cuts: int = 24, lr: float = 1e-3, weight_decay: float = 0.0,
+                  seed: int = 0, desc: str = "specdec drafter") -> tuple[nn.Module, MaskQueries, HeadStats]:
+    """SpecDec's NAR drafter: `draft` (a copy of it, trained in place of the original) plus block - 1
+    mask queries, distilled from the target's next-token distributions (the frozen `lm_head` on
+    `data.features`). Each step takes `batch_rows` windows of `window` real tokens and `cuts` cut
+    points per window, all in one forward (heads.specdec.training_layout): every real row learns
+    the next token (the first draft token comes from the pending token's row) and slot i of cut c
+    the token at c + 2 + i. Top-1 agreement is reported per drafted position (1..block)."""
+
+    torch.manual_seed(seed)
+    lengths = data.valid.sum(1)
+    usable = (lengths >= block + 2).nonzero().flatten()
+    if not len(usable):
+        raise SpecbenchError(f"SpecDec training needs token rows of at least {block + 2} real tokens")
+    window = max(block + 2, min(window, int(lengths[usable].min())))
+    cuts = max(1, min(cuts, window - block + 1))
+    draft = copy.deepcopy(draft).float().train()
+    embed = draft.get_input_embeddings()
+    hidden = int(embed.weight.shape[1])
+    queries = MaskQueries(block, hidden)
+    with torch.no_grad():  # every slot starts at the mean token embedding
+        queries.embeddings.copy_(embed.weight.float().mean(0).expand(block - 1, -1))
+    params = [p for p in draft.parameters() if p.requires_grad] + list(queries.parameters())
+    opt = _optimizer(params, lr, weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = int(lm_head.weight.shape[0])
+    start, ema = time.perf_counter(), None
+    hits = torch.zeros(block)
+    seen = 0.0
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    with frozen(lm_head):
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+            picked = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
+            ids, teachers, masks, positions, pred_rows, teach_rows = [], [], [], [], [], []
+            for r in picked.tolist():
+                offset = int(torch.randint(int(lengths[r]) - window + 1, (1,), generator=gen))
+                ids.append(data.input_ids[r, offset : offset + window])
+                with torch.no_grad():
+                    teachers.append(lm_head(data.features[r, offset : offset + window]).float())
+                at = torch.randperm(window - block + 1, generator=gen)[:cuts].sort().values
+                allow, pos = training_layout(window, at, block)
+                masks.append(allow)
+                positions.append(pos)
+                # real row c -> teacher row c (token c + 1); slot i of cut c -> teacher row c + 1 + i
+                slots = window + torch.arange(len(at) * (block - 1)).view(len(at), block - 1)
+                pred_rows.append(torch.cat([torch.arange(window - 1), slots.T.flatten()]))
+                teach_rows.append(torch.cat([torch.arange(window - 1),
+                                             (at[None, :] + 1 + torch.arange(block - 1)[:, None]).flatten()]))
+            ids_t = torch.stack(ids)
+            x = torch.cat([embed(ids_t), queries.embeddings[None, None].expand(len(ids), cuts, -1, -1)
+                           .reshape(len(ids), cuts * (block - 1), hidden)], dim=1)
+            allow = torch.stack(masks)[:, None]
+            mask = torch.zeros(allow.shape, dtype=x.dtype).masked_fill(~allow, torch.finfo(x.dtype).min)
+            logits = draft(inputs_embeds=x, attention_mask=mask, position_ids=torch.stack(positions),
+                           use_cache=False).logits
+            rows = torch.arange(len(ids))[:, None]
+            pred = torch.stack(pred_rows)
+            logp = torch.log_softmax(logits[rows, pred].float()[..., :vocab], dim=-1)
+            teacher = torch.stack(teachers)[rows, torch.stack(teach_rows)]
+            loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if step >= steps * 3 // 4:
+                agree = (logp.detach().argmax(-1) == teacher.argmax(-1)).float()
+                first = agree[:, : window - 1].mean(1).sum()
+                later = agree[:, window - 1 :].view(len(ids), block - 1, cuts).mean(2).sum(0)
+                hits += torch.cat([first.view(1), later])
+                seen += len(ids)
+            value = float(loss.detach())
+            ema = value if ema is None else 0.95 * ema + 0.05 * value
+            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    bar.close()
+    draft.eval()
+    queries.eval()
+    for p in [*draft.parameters(), *queries.parameters()]:
+        p.requires_grad_(False)
+    return draft, queries, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0),
+                                     (hits / max(seen, 1.0)).tolist())
+
+
+def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 200,
+                 batch_rows: int = 8, window: int = 192, lr: float = 2e-3, weight_decay: float = 0.0,
+                 ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None,
+                 train_lm_head: bool = True, layers: list[int] | None = None, seed: int = 0,
+                 desc: str = "eagle3 head") -> tuple[Eagle3Head, HeadStats]:
+    """An EAGLE-3 head on the frozen fused states (`data.fused`), with training-time test.
+
+    The draft vocabulary is the `draft_vocab` most frequent tokens of the rows (all when None);
+    its LM head starts as the target's rows for them. Each step takes random windows; the head
+    runs `ttt_steps` times over each window: step 0 on the target's fused states (causal), step j
+    on its own step j - 1 outputs with the next tokens' embeddings, attending to step 0's keys up
+    to its position and to its own chain's earlier steps (the tree-drafting pattern), and learns
+    at step j the target's distribution (renormalised over the draft vocabulary) of token t + 2 + j,
+    weighted `step_decay ** j`."""
+    if data.fused is None:
+        raise SpecbenchError("EAGLE-3 training needs the fused target states: collect_features(..., layers=...)")
+    torch.manual_seed(seed)
+    vocab = int(lm_head.weight.shape[0])
+    size = vocab if not draft_vocab else min(int(draft_vocab), vocab)
+    if data.fused.shape[-1] != 3 * int(lm_head.weight.shape[1]):
+        raise SpecbenchError("EAGLE-3 training needs three fused target states per token "
+                             "(collect_features(layers=...))")
+    head = Eagle3Head(head_config_for(target_config, num_layers=1), size, vocab, tuple(layers) if layers else None)
+    counts = torch.bincount(data.input_ids[data.valid].flatten(), minlength=vocab)[:vocab]
+    head.set_vocabulary(torch.sort(-counts.float(), stable=True).indices[:size])
+    ids_map = head.target_ids()
+    with torch.no_grad():
+        head.lm_head.weight.copy_(lm_head.weight[ids_map])
+    gen = torch.Generator().manual_seed(seed)
+    rows, L = data.input_ids.shape
+    window = max(1, min(window, L - ttt_steps - 2))
+    lengths = data.valid.sum(1)
+    usable = (lengths >= ttt_steps + 8).nonzero().flatten()
+    if not len(usable):
+        raise SpecbenchError(f"EAGLE-3 training needs rows of at least {ttt_steps + 8} real tokens; give longer "
+                             "documents or a larger seq_len")
+    head.lm_head.weight.requires_grad_(train_lm_head)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = _optimizer(params, lr, weight_decay)
+    start, ema = time.perf_counter(), None
+    hits = torch.zeros(ttt_steps)
+    seen = torch.zeros(ttt_steps)
+    head.train()
+    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    causal = torch.ones(window, window, dtype=torch.bool).tril()
+    own = torch.eye(window, dtype=torch.bool)
+    with frozen(embed, lm_head):
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
+            r = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
+            top = (lengths[r] - window - ttt_steps - 1).clamp(min=0)
+            s = (torch.rand(batch_rows, generator=gen) * (top + 1)).long()
+            idx = s[:, None] + torch.arange(window + ttt_steps + 1)[None]
+            ids, valid = data.input_ids[r[:, None], idx], data.valid[r[:, None], idx]
+            h = data.fused[r[:, None], idx[:, :window]]
+            cache = head.new_cache()
+            loss = torch.zeros(())
+            for j in range(ttt_steps):
+                with torch.no_grad():
+                    emb = embed(ids[:, 1 + j : 1 + j + window]).float()
+                    teacher = lm_head(data.features[r[:, None], idx[:, 1 + j : 1 + j + window]]).float()[..., ids_map]
+                    teacher_p = torch.softmax(teacher, dim=-1)
+                attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
+                positions = s[:, None] + torch.arange(window)[None] + j
+                out = head(emb, h, positions, cache, attend)
+                logp = torch.log_softmax(head.draft_logits(out).float(), dim=-1)
+                mask = valid[:, :window] & valid[:, 2 + j : 2 + j + window]
+                if mask.any():
+                    loss = loss + step_decay**j * (-(teacher_p * logp).sum(-1)[mask].mean())
+                    if step >= steps * 3 // 4:
+                        hits[j] += float((logp.detach().argmax(-1) == teacher_p.argmax(-1))[mask].sum())
+                        seen[j] += float(mask.sum())
+                h = out
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            value = float(loss.detach())
+            ema = value if ema is None else 0.95 * ema + 0.05 * value
+            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    bar.close()
+    head.eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / seen.clamp(min=1)).tolist())
+
+
 def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 300,
                 batch_rows: int = 4, window: int = 256, lr: float = 1e-3, weight_decay: float = 0.0,
                 ce_weight: float = 0.1, ce_fraction: float = 1.0, noise: float = 0.1, seed: int = 0,
@@ -247,23 +581,33 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
 
 
 def zoo_stage(ctx: Any) -> None:
-    """The zoo build's `heads` stage: EAGLE and Medusa heads for the zoo's target.
+    """The zoo build's `heads` stage: EAGLE, EAGLE-3, Medusa and Hydra heads, PPD's exit head and
+    SpecDec's drafter (fine-tuned from the zoo's draft, `ctx.state["draft"]`).
 
-    Reads `ctx.cfg.heads` (tokens, medusa, eagle settings), the packed training rows of the
-    tokenizer stage and the trained target; writes `eagle/` and `medusa/` next to the models
-    (the method configs' `zoo:eagle` / `zoo:medusa`) and their stats into the quality card.
+    Reads `ctx.cfg.heads` (tokens and each head's settings), the packed training rows of the
+    tokenizer stage and the trained target; writes one folder per head next to the models
+    (`zoo:eagle`, `zoo:medusa`, `zoo:hydra`, `zoo:ppd`, `zoo:eagle3`, `zoo:specdec`) and their stats into the
+    quality card. Each head is seeded on its own, so adding one leaves the others' weights as they were.
     """
     from omegaconf import OmegaConf
 
     from specbench.heads.eagle import save_eagle
+    from specbench.heads.eagle3 import save_eagle3
+    from specbench.heads.exit import save_exit_head
+    from specbench.heads.hydra import save_hydra
     from specbench.heads.medusa import save_medusa
+    from specbench.heads.specdec import save_specdec
 
     cfg = ctx.cfg.heads
     target = ctx.model("target")
     rows = ctx.state["train_rows"]
     n_rows = max(1, math.ceil(int(cfg.tokens) / rows.input_ids.shape[1]))
     start = time.perf_counter()
-    data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, desc="zoo head features")
+    n_layers = int(target.config.num_hidden_layers)
+    eagle3_cfg = OmegaConf.to_container(cfg.eagle3, resolve=True)
+    layers = feature_layers(n_layers, eagle3_cfg.get("layers"))
+    data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, desc="zoo head features",
+                            layers=layers)
     seconds = {"features": round(time.perf_counter() - start, 1)}
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
     medusa, medusa_stats = train_medusa(data, lm_head, **OmegaConf.to_container(cfg.medusa, resolve=True),
@@ -273,8 +617,35 @@ def zoo_stage(ctx: Any) -> None:
                                      **OmegaConf.to_container(cfg.eagle, resolve=True), seed=ctx.seed(6),
                                      desc="zoo eagle head")
     save_eagle(eagle, ctx.out / "eagle", "zoo:target")
+    hydra, hydra_stats = train_hydra(data, embed, lm_head, **OmegaConf.to_container(cfg.hydra, resolve=True),
+                                     seed=ctx.seed(7), desc="zoo hydra head")
+    save_hydra(hydra, ctx.out / "hydra", "zoo:target")
+    ppd_cfg = OmegaConf.to_container(cfg.ppd, resolve=True)
+    exit_layer = int(ppd_cfg.pop("exit_layer", None) or n_layers // 2)
+    start = time.perf_counter()
+    states = collect_exit_states(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, exit_layer,
+                                 desc="zoo early-exit states")
+    seconds["exit_states"] = round(time.perf_counter() - start, 1)
+    ppd, ppd_stats = train_exit_head(data, states, lm_head, exit_layer=exit_layer, num_layers=n_layers, **ppd_cfg,
+                                     seed=ctx.seed(8), desc="zoo ppd exit head")
+    del states
+    save_exit_head(ppd, ctx.out / "ppd", int(lm_head.weight.shape[0]), "zoo:target")
+    eagle3, eagle3_stats = train_eagle3(data, embed, lm_head, target.config, **eagle3_cfg, seed=ctx.seed(9),
+                                        desc="zoo eagle3 head")
+    save_eagle3(eagle3, ctx.out / "eagle3", "zoo:target")
+    specdec, queries, specdec_stats = train_specdec(data, ctx.state["draft"], lm_head,
+                                                    **OmegaConf.to_container(cfg.specdec, resolve=True),
+                                                    seed=ctx.seed(10), desc="zoo specdec drafter")
+    save_specdec(specdec, queries, ctx.state.get("tokenizer"), ctx.out / "specdec", int(lm_head.weight.shape[0]),
+                 "zoo:target")
     ctx.card["heads"] = {
         "tokens": data.n_tokens, "seconds": seconds,
         "medusa": {"params": sum(p.numel() for p in medusa.parameters()), **medusa_stats.as_dict()},
         "eagle": {"params": sum(p.numel() for p in eagle.parameters()), **eagle_stats.as_dict()},
+        "hydra": {"params": sum(p.numel() for p in hydra.parameters()), **hydra_stats.as_dict()},
+        "ppd": {"params": sum(p.numel() for p in ppd.parameters()), "exit_layer": exit_layer, **ppd_stats.as_dict()},
+        "eagle3": {"params": sum(p.numel() for p in eagle3.parameters()), "draft_vocab": eagle3.draft_vocab_size,
+                   **eagle3_stats.as_dict()},
+        "specdec": {"params": sum(p.numel() for p in specdec.parameters()) + queries.embeddings.numel(),
+                    "block": queries.block, **specdec_stats.as_dict()},
     }

@@ -32,6 +32,7 @@ from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, Specula
 from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.eagle import EagleHead, load_eagle
+from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3
 from specbench.heads.trees import StaticTree, build_tree
 from specbench.methods.medusa import check_choices, target_dims
 
@@ -75,11 +76,15 @@ class EagleDrafter(Drafter):
         self.cache = self.head.new_cache()
         prompt = state.input_ids[0]
         tokens = torch.cat([prompt[1:], torch.tensor([state.tokens[0]], device=prompt.device)])
-        self.pending = [(tokens, state.extra["hidden_states"][-1][0])]
+        self.pending = [(tokens, self._features(state.extra["hidden_states"]))]
+
+    def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """What the head reads of the target per row (rows, F): EAGLE-1's last state after the final norm."""
+        return hidden_states[-1][0]
 
     def accepted(self, feedback: Feedback) -> None:
         verdict = feedback.verdict
-        hidden = feedback.hidden_states[-1][0]
+        hidden = self._features(feedback.hidden_states)
         rows = torch.tensor(verdict.rows, dtype=torch.long, device=hidden.device)
         tokens = torch.tensor([*verdict.tokens, verdict.token], dtype=torch.long, device=hidden.device)
         self.pending.append((tokens, hidden[rows]))
@@ -233,6 +238,22 @@ class DynamicTreeDrafter(EagleDrafter):
         return DraftTree(torch.cat(all_tokens)[keep], tuple(parents.tolist()))
 
 
+class Eagle3Drafter(DynamicTreeDrafter):
+    """EAGLE-3: EAGLE-2's dynamic tree from a head that reads the target's fused low, middle and
+    high states and predicts tokens over its own vocabulary (heads.eagle3)."""
+
+    def __init__(self, head: Eagle3Head, embed: nn.Module, layers: tuple[int, ...], depth: int, top_k: int,
+                 total_tokens: int) -> None:
+        super().__init__(head, embed, None, depth, top_k, total_tokens)
+        self.layers = layers
+
+    def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return torch.cat([hidden_states[i][0] for i in self.layers], dim=-1)
+
+    def _logp(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head.target_logp(features)
+
+
 def _load(method: SpeculativeMethod, name: str) -> tuple[EagleHead, nn.Module, nn.Module]:
     model = method.target.model
     hidden, _, lm_head = target_dims(model)
@@ -264,3 +285,22 @@ class Eagle2(Eagle):
         s = self.settings
         self.head, embed, lm_head = _load(self, "eagle2")
         return DynamicTreeDrafter(self.head, embed, lm_head, s.depth, s.top_k, s.total_tokens)
+
+
+class Eagle3(SpeculativeMethod):
+    """`method=eagle3`: an EAGLE-3 head (`method.head`) with EAGLE-2's dynamic tree."""
+
+    Settings = Eagle2Settings
+
+    def build_drafter(self) -> Drafter:
+        s = self.settings
+        model = self.target.model
+        hidden, _, _ = target_dims(model)
+        text = model.config.get_text_config()
+        folder = head_folder(s.head, self.model_cfg, "eagle3", "EAGLE-3")
+        self.head = load_eagle3(folder, hidden, int(text.vocab_size), self.target.device, self.target.dtype)
+        layers = feature_layers(int(text.num_hidden_layers), self.head.layers)
+        return Eagle3Drafter(self.head, model.get_input_embeddings(), layers, s.depth, s.top_k, s.total_tokens)
+
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.head.parameters())

@@ -235,6 +235,15 @@ class LayerSkipper:
         """Logits (V,) after `token` at `position`; appends to the kept layers' cache entries."""
         return self._forward(token.view(1, 1), position, cache)[0, -1]
 
+    def state(self, token: torch.Tensor, position: int, cache: Any) -> torch.Tensor:
+        """The kept blocks' last state (d,) after `token` at `position`, through the model's final
+        norm (what its LM head would read: an early exit); appends to the kept layers' cache entries."""
+        positions = torch.tensor([[position]], device=token.device)
+        with self.only_kept, lengths_from(cache, self._redirect(cache)):
+            out = self.model(input_ids=token.view(1, 1), cache=cache, use_cache=True, position_ids=positions,
+                             output_hidden_states=True, logits_to_keep=1)
+        return out.hidden_states[-1][0, -1]
+
     def rollback(self, cache: Any, length: int) -> None:
         """Cut the kept layers' entries back to `length` tokens."""
         for i in self.kept_index:

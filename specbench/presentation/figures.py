@@ -20,7 +20,8 @@ from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 # user's methods, so a new user method never recolours a built-in; other names by hash.
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
-           "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"]
+           "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39",
+           "#7b4173", "#5254a3", "#8ca252", "#bd9e39"]
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.analysis.audit import RECHECK_VERDICTS
+from specbench.analysis.audit import RECHECK_VERDICTS, STREAM_PARTS
 from specbench.analysis.frame import OVERALL
 from specbench.analysis.report import BASELINE, Group, MethodResult, contention_note
 from specbench.core.errors import SpecbenchError
@@ -170,6 +170,38 @@ def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def learns_online(r: MethodResult) -> bool:
+    return str(r.facts.get("training", "")).lower() == "online"
+
+
+def stream_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
+    """Mean accepted tokens in each fifth of the question stream, for every method, when a method
+    that learns online is in the group (for the others the fifths show what the questions do)."""
+    if not any(learns_online(r) for r in group.results):
+        return None
+    headers = ["Method", *(f"part {i + 1}" for i in range(STREAM_PARTS)), "last / first", "Draft updates"]
+    rows = []
+    for r in group.results:
+        if r.stream is None or r.method == BASELINE:
+            continue
+        parts = r.stream["mean_accepted"]
+        first, last = parts[0], parts[-1]
+        ratio = f"{last / first:.3f}" if first and last else "-"
+        updates = (f"{r.stream['online_updates']} ({r.stream['online_update_seconds']:.1f} s)"
+                   if r.stream["online_updates"] else "-")
+        rows.append([r.method, *(_fmt(x) if x is not None else "-" for x in parts), ratio, updates])
+    return headers, rows
+
+
+STREAM_NOTE = (
+    "Acceptance across the question stream: #mean accepted tokens in each fifth of every run's answers, in the "
+    "order they were made (pooled over runs). The questions come in file order, subtask by subtask, so the "
+    "fifths differ for every method; a method that learns online gains on its static twin (online_spec on sps: "
+    "same draft, no updates) as the stream goes on. Draft updates: how many ran over all runs and their time, "
+    "which is inside the method's timed decode and so in its speedup."
+)
+
+
 def environment_line(group: Group) -> str:
     env = group.environment()
     if not env:
@@ -196,6 +228,8 @@ def render_markdown(group: Group) -> str:
         "",
         DEFINITIONS,
     ]
+    if (stream := stream_table(group)) is not None:
+        parts += ["", "## Acceptance across the question stream", "", markdown(*stream), "", STREAM_NOTE]
     if group.problems:
         parts += ["", "## Problems", "", *[f"- {p}" for p in group.problems]]
     for r in group.results:
@@ -243,6 +277,8 @@ def write_group(group: Group, out_dir: Path) -> list[Path]:
 
 def console(group: Group) -> str:
     footnote = "".join(f"\n{line}\n" for line in contention_footnote(group))
+    if (stream := stream_table(group)) is not None:
+        footnote += f"\nAcceptance across the question stream (fifths):\n\n{markdown(*stream)}\n"
     return f"\n{group.title}  ({environment_line(group)})\n\n{markdown(*main_table(group))}\n{footnote}"
 
 

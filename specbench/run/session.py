@@ -197,6 +197,7 @@ class Session:
         memory.start()
         for _ in range(int(self.cfg.warmup)):
             self.answer(method, self.questions[0])
+        method.start_stream()
         if done:
             print(f"{label}: resuming, {len(done)} answers kept, {len(todo)} to go", file=sys.stderr)
         before = self.guard.before()

@@ -55,7 +55,8 @@ def _speed_now(folder: os.PathLike, cfg: DictConfig) -> str:
 
 def _heads_line(card_path: os.PathLike) -> str:
     card = json.loads(open(card_path).read())
-    return ", ".join(f"{name} {card[name]['params'] / 1e6:.2f}M params" for name in ("eagle", "medusa")) + (
+    names = [name for name in ("eagle", "eagle3", "medusa", "hydra", "ppd", "specdec") if name in card]
+    return ", ".join(f"{name} {card[name]['params'] / 1e6:.2f}M params" for name in names) + (
         f", trained in {card.get('build_seconds', 0):.0f}s")
 
 

@@ -1,4 +1,5 @@
-"""Parts of the zoo built after it and cached beside it: the EAGLE and Medusa heads.
+"""Parts of the zoo built after it and cached beside it: the EAGLE, EAGLE-3, Medusa, Hydra and PPD
+heads and SpecDec's drafter.
 
 They depend on the trained target but are kept out of the zoo's own hash, so a change of a
 head setting retrains the heads only. Built in a temporary folder and renamed into place
@@ -24,8 +25,8 @@ from omegaconf import OmegaConf
 from specbench.zoo.store import COMPLETE, CONFIG_PATH, ensure_zoo, load_zoo_config
 
 HEADS_CONFIG = CONFIG_PATH.with_name("zoo_heads.yaml")
-HEADS = ("eagle", "medusa")
-HEADS_CODE_VERSION = "heads-1"
+HEADS = ("eagle", "medusa", "hydra", "ppd", "eagle3", "specdec")
+HEADS_CODE_VERSION = "heads-2"
 HEADS_CARD = "heads.json"
 
 
@@ -39,7 +40,7 @@ def heads_dir(zoo: Path) -> Path:
 
 
 def ensure_heads() -> Path:
-    """The folder holding `eagle/` and `medusa/` for the zoo's target, trained first if needed."""
+    """The folder holding `eagle/`, `medusa/`, `hydra/` and `ppd/` for the zoo's target, trained first if needed."""
     zoo = ensure_zoo()
     final = heads_dir(zoo)
     if (final / HEADS_CARD).is_file():
@@ -48,8 +49,8 @@ def ensure_heads() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reuses
         if (final / HEADS_CARD).is_file():
             return final
-        print(f"specbench: training the zoo's EAGLE and Medusa heads into {final} (a few minutes on 2 CPU cores; "
-              "done once, then cached)", file=sys.stderr, flush=True)
+        print(f"specbench: training the zoo's EAGLE, EAGLE-3, Medusa, Hydra, PPD and SpecDec heads into {final} "
+              "(a few minutes on 2 CPU cores; done once, then cached)", file=sys.stderr, flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
         try:
             card = _train_heads(zoo, tmp)
@@ -79,6 +80,8 @@ def _train_heads(zoo: Path, out: Path) -> dict:
         try:
             tokenizer = AutoTokenizer.from_pretrained(zoo / "target")
             ctx.state["target"] = AutoModelForCausalLM.from_pretrained(zoo / "target", dtype=torch.float32).eval()
+            ctx.state["draft"] = AutoModelForCausalLM.from_pretrained(zoo / "draft", dtype=torch.float32).eval()
+            ctx.state["tokenizer"] = tokenizer
             items = data.conversations(zoo_cfg, "train")
             ctx.state["train_rows"] = data.pack(data.encode_items(tokenizer, items), int(cfg.seq_len), tokenizer,
                                                 ctx.seed(0))

@@ -1,0 +1,106 @@
+"""Hydra (Ankner et al. 2024): Medusa's static tree with sequentially dependent heads.
+
+Medusa's head k sees only the target's feature, so all candidates at a depth are the same
+whatever their parents are. Hydra's head k also reads the embeddings of the pending token and
+of the tokens drafted on the path above (heads.hydra), so each node's children are predicted for
+that node's own prefix: the tree is filled depth by depth, one batched head call per depth over
+the nodes that have children. Candidates are picked by rank (the tree's "choices"), so the tree is
+"deterministic" for the verifier, as Medusa's; verification is the shared engine's, lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specbench.core.sampling import SamplingParams
+from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
+from specbench.engine.api import Prefilled
+from specbench.heads.checkpoint import head_folder
+from specbench.heads.hydra import HydraHeads, load_hydra
+from specbench.heads.trees import StaticTree, build_tree
+from specbench.methods.medusa import check_choices, target_dims
+
+
+@dataclass
+class HydraSettings:
+    """`method=hydra`."""
+
+    head: str | None  # head folder (a path or zoo:NAME); None is refused with a hint
+    choices: Any  # the static tree: a published name (heads.trees) or a list of index paths
+    num_nodes: int | None  # keep only the first N paths of the tree; None = all
+
+    def __post_init__(self) -> None:
+        check_choices(self.choices, "hydra")
+
+
+class HydraDrafter(Drafter):
+    """Fills the static tree depth by depth, each parent's children from its own prefix."""
+
+    needs_hidden_states = True
+
+    def __init__(self, heads: HydraHeads, embed: torch.nn.Module, tree: StaticTree) -> None:
+        if tree.max_depth > heads.num_heads:  # head k fills depth k + 1
+            tree = build_tree([p for p in tree.paths if len(p) <= heads.num_heads])
+        self.heads = heads
+        self.embed = embed
+        self.tree = tree
+        # Per depth: its nodes, each node's parent slot (the row of its parent among the depth's
+        # distinct parents, in order) and rank, and `expand`: which of its nodes (positions in
+        # `nodes`) are the next depth's parents, in that depth's parent order.
+        self.levels: list[tuple[list[int], int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        parents_at = [list(dict.fromkeys(tree.parents[i] for i in tree.nodes_at(d)))
+                      for d in range(1, tree.max_depth + 2)]
+        for depth in range(1, tree.max_depth + 1):
+            nodes = tree.nodes_at(depth)
+            parents = parents_at[depth - 1]
+            slot = torch.tensor([parents.index(tree.parents[i]) for i in nodes], dtype=torch.long)
+            rank = torch.tensor([tree.ranks[i] for i in nodes], dtype=torch.long)
+            expand = torch.tensor([nodes.index(p) for p in parents_at[depth]], dtype=torch.long)
+            self.levels.append((nodes, tree.width(depth), slot, rank, expand))
+        self.feature: torch.Tensor | None = None  # (d,) the target's feature at the root's parent row
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        self.feature = state.extra["hidden_states"][-1][0, -1]
+        device = self.feature.device
+        if self.levels and self.levels[0][2].device != device:  # the index tensors live beside the feature
+            self.levels = [(nodes, width, *(t.to(device) for t in rest)) for nodes, width, *rest in self.levels]
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        depth = min(self.tree.max_depth, ctx.max_depth)
+        if depth <= 0 or self.feature is None:
+            return DraftTree.empty(ctx.device)
+        root = torch.tensor([ctx.tokens[-1]], dtype=torch.long, device=self.feature.device)
+        feature = self.feature.to(self.embed.weight.dtype)
+        # Rows: the inputs of a depth's distinct parents, [h, e(root), e(tokens on the path)].
+        x = torch.cat([feature, self.embed(root)[0]])[None]
+        n = sum(len(level[0]) for level in self.levels[:depth])
+        tokens = torch.empty(n, dtype=torch.long, device=feature.device)
+        for k, (nodes, width, slot, rank, expand) in enumerate(self.levels[:depth]):
+            top = self.heads.head(k, x).topk(width, dim=-1).indices  # (parents, width)
+            chosen = top[slot, rank]
+            tokens[nodes[0] : nodes[-1] + 1] = chosen  # a depth's nodes are contiguous (breadth-first)
+            if k + 1 < depth:
+                x = torch.cat([x[slot[expand]], self.embed(chosen[expand]).to(x.dtype)], dim=-1)
+        return DraftTree(tokens, self.tree.parents[:n])
+
+    def accepted(self, feedback: Feedback) -> None:
+        self.feature = feedback.hidden_states[-1][0, feedback.verdict.rows[-1]]
+
+
+class Hydra(SpeculativeMethod):
+    """`method=hydra`: heads from `method.head` (default the zoo's, for model=tiny)."""
+
+    Settings = HydraSettings
+
+    def build_drafter(self) -> Drafter:
+        s = self.settings
+        hidden, vocab, _ = target_dims(self.target.model)
+        folder = head_folder(s.head, self.model_cfg, "hydra", "Hydra")
+        self.heads = load_hydra(folder, hidden, vocab, self.target.device, self.target.dtype)
+        return HydraDrafter(self.heads, self.target.model.get_input_embeddings(), build_tree(s.choices, s.num_nodes))
+
+    def extra_parameters(self) -> int:
+        return sum(p.numel() for p in self.heads.parameters())
