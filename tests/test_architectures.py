@@ -33,6 +33,15 @@ def save_tiny(folder: Path, config, tokenizer) -> Path:
     return folder
 
 
+def three_targets(tiny_models: dict[str, Path], root: Path) -> dict[str, LoadedModel]:
+    """The tiny Llama and Qwen2 of conftest plus a tiny GPT-2 with their tokenizer, loaded (the
+    three architectures the new methods' greedy tests run on)."""
+    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
+    folders = {**tiny_models, "gpt2": save_tiny(root / "gpt2", gpt2_config(tok), tok)}
+    return {arch: load_model(str(folders[arch]), device=torch.device("cpu"), dtype=torch.float32)
+            for arch in ("llama", "qwen2", "gpt2")}
+
+
 def gpt2_config(tok) -> GPT2Config:
     return GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=512,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)

@@ -9,21 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_architectures import gpt2_config, save_tiny
+from test_architectures import three_targets
 from test_lossless import (
     CPU,
     EMPTY,
-    PROMPTS,
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
-    long_continuation,
+    greedy_rows,
     method_cfg,
-    prompt_of,
     sample_end_to_end,
     tiny_vocab_model,
 )
-from transformers import AutoTokenizer
 
 from helpers import assert_one_line_error, cli
 from specbench.core.errors import SpecbenchError
@@ -33,7 +30,6 @@ from specbench.heads.eagle import head_config_for
 from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3, save_eagle3
 from specbench.heads.train import collect_features, train_eagle3
 from specbench.methods.eagle import Eagle3Drafter
-from specbench.models import load_model
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,18 +46,11 @@ PUBLISHED_KEYS = {
 
 @pytest.fixture(scope="module")
 def targets(tiny_models, tmp_path_factory):
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    gpt2 = save_tiny(tmp_path_factory.mktemp("eagle3-models") / "gpt2", gpt2_config(tok), tok)
-    folders = {**tiny_models, "gpt2": gpt2}
-    return {arch: load_model(str(folders[arch]), device=CPU, dtype=torch.float32) for arch in ARCHS}
+    return three_targets(tiny_models, tmp_path_factory.mktemp("eagle3-models"))
 
 
 def _data(target):
-    rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), 80)
-            for turns in PROMPTS]
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-    valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    ids, valid = greedy_rows(target)
     layers = feature_layers(int(target.model.config.num_hidden_layers))
     return collect_features(target.model, ids, valid, layers=layers)
 

@@ -24,7 +24,7 @@ from test_lossless import (  # noqa: F401 - `targets` is a fixture used here
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
-    long_continuation,
+    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
@@ -56,11 +56,7 @@ def heads(targets, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F81
     out = {}
     for arch in ARCHS:
         target = targets[arch]
-        rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), 80)
-                for turns in PROMPTS]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-        valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+        ids, valid = greedy_rows(target)
         data = collect_features(target.model, ids, valid)
         lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
         medusa, _ = train_medusa(data, lm_head, num_heads=3, steps=150, batch_positions=128, lr=1e-2,

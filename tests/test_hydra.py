@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_architectures import gpt2_config, save_tiny
+from test_architectures import three_targets
 from test_lossless import (
     CPU,
     EMPTY,
@@ -16,13 +16,12 @@ from test_lossless import (
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
-    long_continuation,
+    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
     tiny_vocab_model,
 )
-from transformers import AutoTokenizer
 
 from helpers import assert_one_line_error, cli
 from specbench.core.errors import SpecbenchError
@@ -32,7 +31,6 @@ from specbench.heads.hydra import HydraHeads, load_hydra, save_hydra
 from specbench.heads.train import collect_features, train_hydra
 from specbench.heads.trees import build_tree
 from specbench.methods.hydra import HydraDrafter
-from specbench.models import load_model
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,10 +40,7 @@ ARCHS = ["llama", "qwen2", "gpt2"]
 
 @pytest.fixture(scope="module")
 def targets(tiny_models, tmp_path_factory):
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    gpt2 = save_tiny(tmp_path_factory.mktemp("hydra-models") / "gpt2", gpt2_config(tok), tok)
-    folders = {**tiny_models, "gpt2": gpt2}
-    return {arch: load_model(str(folders[arch]), device=CPU, dtype=torch.float32) for arch in ARCHS}
+    return three_targets(tiny_models, tmp_path_factory.mktemp("hydra-models"))
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +50,7 @@ def heads(targets, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for arch in ARCHS:
         target = targets[arch]
-        rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), 80)
-                for turns in PROMPTS]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-        valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+        ids, valid = greedy_rows(target)
         data = collect_features(target.model, ids, valid)
         hydra, stats = train_hydra(data, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
                                    num_heads=3, num_layers=2, steps=120, batch_positions=128, lr=1e-2)

@@ -265,6 +265,17 @@ def long_continuation(target: LoadedModel, input_ids: torch.Tensor, n: int = 80)
     return baseline_tokens(target, input_ids, StopCriteria.build((), n))
 
 
+def greedy_rows(target: LoadedModel, n: int = 80) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training rows for heads in tests: each of PROMPTS followed by the target's own greedy
+    continuation, right-padded with 0; (ids, valid)."""
+    rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), n)
+            for turns in PROMPTS]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+    return ids, valid
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_random_drafts_change_nothing(targets, arch):
     target = targets[arch]
@@ -433,10 +444,11 @@ def test_a_biased_verifier_fails_the_same_test(kind):
 # --- sampling: end to end with tiny-vocabulary models -----------------------------------------
 
 
-def tiny_vocab_model(seed: int, vocab: int = VOCAB) -> LoadedModel:
-    """A one-layer Llama over `vocab` tokens with a sharpened head (distinct, peaked distributions)."""
+def tiny_vocab_model(seed: int, vocab: int = VOCAB, layers: int = 1) -> LoadedModel:
+    """A Llama of `layers` blocks (one by default) over `vocab` tokens with a sharpened head
+    (distinct, peaked distributions)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():

@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from test_architectures import gpt2_config, save_tiny
+from test_architectures import three_targets
 from test_lossless import (
-    CPU,
     EMPTY,
     PROMPTS,
-    VOCAB,
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
-    long_continuation,
+    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
+    tiny_vocab_model,
 )
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from helpers import assert_one_line_error, cli
 from specbench.core.errors import SpecbenchError
@@ -32,7 +29,6 @@ from specbench.engine import SpeculativeMethod
 from specbench.heads.exit import ExitHead, save_exit_head
 from specbench.heads.train import collect_exit_states, collect_features, train_exit_head
 from specbench.methods.ppd import PpdDrafter
-from specbench.models import LoadedModel, load_model
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,10 +38,7 @@ ARCHS = ["llama", "qwen2", "gpt2"]
 
 @pytest.fixture(scope="module")
 def targets(tiny_models, tmp_path_factory):
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    gpt2 = save_tiny(tmp_path_factory.mktemp("ppd-models") / "gpt2", gpt2_config(tok), tok)
-    folders = {**tiny_models, "gpt2": gpt2}
-    return {arch: load_model(str(folders[arch]), device=CPU, dtype=torch.float32) for arch in ARCHS}
+    return three_targets(tiny_models, tmp_path_factory.mktemp("ppd-models"))
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +48,7 @@ def heads(targets, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for arch in ARCHS:
         target = targets[arch]
-        rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), 80)
-                for turns in PROMPTS]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-        valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+        ids, valid = greedy_rows(target)
         data = collect_features(target.model, ids, valid)
         states = collect_exit_states(target.model, ids, valid, exit_layer=1)
         lm_head = target.model.get_output_embeddings()
@@ -100,18 +89,8 @@ def test_the_exit_state_matches_a_narrowed_forward(targets):
     assert all(torch.equal(a, layer.keys) for a, layer in zip(before, cache.layers))
 
 
-def two_layer_vocab_model(seed: int) -> LoadedModel:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(15.0)
-    return LoadedModel(model, SimpleNamespace(eos_token_id=None), f"two-layer-{seed}", CPU, torch.float32)
-
-
 def test_sampled_generation_follows_the_target():
-    target = two_layer_vocab_model(0)
+    target = tiny_vocab_model(0, layers=2)
     head = ExitHead(16, 1, 2)
     with torch.no_grad():
         head.linear.weight.normal_(0, 0.5)

@@ -6,25 +6,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from test_architectures import gpt2_config, save_tiny
+from test_architectures import three_targets
 from test_lossless import (
-    CPU,
     EMPTY,
     PROMPTS,
     VOCAB,
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
-    long_continuation,
+    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
+    tiny_vocab_model,
 )
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from helpers import assert_one_line_error, cli
 from specbench.core.errors import SpecbenchError
@@ -34,7 +32,6 @@ from specbench.engine import DraftTree, SpeculativeMethod
 from specbench.heads.specdec import MaskQueries, save_specdec, training_layout
 from specbench.heads.train import collect_features, train_specdec
 from specbench.methods.specdec import SpecDecDrafter, verify_top_beta
-from specbench.models import LoadedModel, load_model
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,10 +41,7 @@ ARCHS = ["llama", "qwen2", "gpt2"]
 
 @pytest.fixture(scope="module")
 def targets(tiny_models, tmp_path_factory):
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    gpt2 = save_tiny(tmp_path_factory.mktemp("specdec-models") / "gpt2", gpt2_config(tok), tok)
-    folders = {**tiny_models, "gpt2": gpt2}
-    return {arch: load_model(str(folders[arch]), device=CPU, dtype=torch.float32) for arch in ARCHS}
+    return three_targets(tiny_models, tmp_path_factory.mktemp("specdec-models"))
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +52,7 @@ def drafters(targets, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for arch in ARCHS:
         target = targets[arch]
-        rows = [prompt_of(target, turns)[0].tolist() + long_continuation(target, prompt_of(target, turns), 80)
-                for turns in PROMPTS]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-        valid = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows])
+        ids, valid = greedy_rows(target)
         data = collect_features(target.model, ids, valid)
         lm_head = target.model.get_output_embeddings()
         draft, queries, stats = train_specdec(data, target.model, lm_head, block=3, steps=60, batch_rows=4,
@@ -111,21 +101,11 @@ def test_the_training_layout_is_what_drafting_sees(targets):
             assert torch.allclose(train[c], model(input_ids=ids[None, : c + 1]).logits[0, -1], atol=1e-4)
 
 
-def two_layer_vocab_model(seed: int) -> LoadedModel:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(15.0)
-    return LoadedModel(model, SimpleNamespace(eos_token_id=None), f"two-layer-{seed}", CPU, torch.float32)
-
-
 def test_sampled_generation_follows_the_target():
     """Each slot's token is drawn independently from its own distribution q_i; verifying it against
     that q_i keeps the output distribution the target's."""
-    target = two_layer_vocab_model(0)
-    draft = two_layer_vocab_model(1)
+    target = tiny_vocab_model(0, layers=2)
+    draft = tiny_vocab_model(1, layers=2)
     queries = MaskQueries(3, 16)
     with torch.no_grad():
         queries.embeddings.normal_(0, 1)

@@ -118,6 +118,30 @@ def _optimizer(params: list[nn.Parameter], lr: float, weight_decay: float) -> to
                              lr=lr, betas=(0.9, 0.95))
 
 
+def _update(opt: torch.optim.Optimizer, loss: torch.Tensor, params: Any) -> None:
+    """One optimiser step on `loss`, gradients clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
+def _smoothed(ema: float | None, loss: torch.Tensor, bar: Any) -> float:
+    """The running loss shown on the progress bar (and reported as the final loss)."""
+    value = float(loss.detach())
+    ema = value if ema is None else 0.95 * ema + 0.05 * value
+    bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+    return ema
+
+
+def _freeze(*modules: nn.Module) -> None:
+    """A trained head goes back to eval mode, out of autograd."""
+    for module in modules:
+        module.eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+
+
 @dataclass
 class HeadStats:
     steps: int
@@ -170,20 +194,13 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
         logits = heads(x)  # (B, K, V)
         losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(-1, num_heads).mean(0)
         loss = (losses * weights).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        _update(opt, loss, params)
         if step >= steps * 3 // 4:  # accuracy over the last quarter of training
             hits += (logits.detach().argmax(-1) == y).float().sum(0)
             seen += y.shape[0]
-        value = float(loss.detach())
-        ema = value if ema is None else 0.95 * ema + 0.05 * value
-        bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+        ema = _smoothed(ema, loss, bar)
     bar.close()
-    heads.eval()
-    for p in heads.parameters():
-        p.requires_grad_(False)
+    _freeze(heads)
     return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
 
 
@@ -246,17 +263,10 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
                     hits[k] += float((logp.detach().argmax(-1) == teacher[:, k].argmax(-1)).sum())
             if step >= steps * 3 // 4:
                 seen += batch_positions
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            value = float(loss.detach())
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+            _update(opt, loss, params)
+            ema = _smoothed(ema, loss, bar)
     bar.close()
-    heads.eval()
-    for p in heads.parameters():
-        p.requires_grad_(False)
+    _freeze(heads)
     return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
 
 
@@ -309,20 +319,13 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
                 teacher = lm_head(data.features[pick[:, 0], pick[:, 1]]).float()
             logp = torch.log_softmax(head(exit_states[pick[:, 0], pick[:, 1]], lm_head).float(), dim=-1)
             loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            _update(opt, loss, params)
             if step >= steps * 3 // 4:
                 hits += float((logp.detach().argmax(-1) == teacher.argmax(-1)).sum())
                 seen += batch_positions
-            value = float(loss.detach())
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+            ema = _smoothed(ema, loss, bar)
     bar.close()
-    head.eval()
-    for p in head.parameters():
-        p.requires_grad_(False)
+    _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), [hits / max(seen, 1.0)])
 
 
@@ -389,24 +392,16 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
             logp = torch.log_softmax(logits[rows, pred].float()[..., :vocab], dim=-1)
             teacher = torch.stack(teachers)[rows, torch.stack(teach_rows)]
             loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            _update(opt, loss, params)
             if step >= steps * 3 // 4:
                 agree = (logp.detach().argmax(-1) == teacher.argmax(-1)).float()
                 first = agree[:, : window - 1].mean(1).sum()
                 later = agree[:, window - 1 :].view(len(ids), block - 1, cuts).mean(2).sum(0)
                 hits += torch.cat([first.view(1), later])
                 seen += len(ids)
-            value = float(loss.detach())
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+            ema = _smoothed(ema, loss, bar)
     bar.close()
-    draft.eval()
-    queries.eval()
-    for p in [*draft.parameters(), *queries.parameters()]:
-        p.requires_grad_(False)
+    _freeze(draft, queries)
     return draft, queries, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0),
                                      (hits / max(seen, 1.0)).tolist())
 
@@ -485,17 +480,10 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                         hits[j] += float((logp.detach().argmax(-1) == teacher_p.argmax(-1))[mask].sum())
                         seen[j] += float(mask.sum())
                 h = out
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            value = float(loss.detach())
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+            _update(opt, loss, params)
+            ema = _smoothed(ema, loss, bar)
     bar.close()
-    head.eval()
-    for p in head.parameters():
-        p.requires_grad_(False)
+    _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / seen.clamp(min=1)).tolist())
 
 
@@ -525,9 +513,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
         stats = _eagle_loop(head, data, embed, lm_head, opt, bar, steps, batch_rows, window, lr, ce_weight,
                             ce_fraction, noise, gen, usable, lengths)
     bar.close()
-    head.eval()
-    for p in head.parameters():
-        p.requires_grad_(False)
+    _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, *stats)
 
 
@@ -567,16 +553,11 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
         logp = torch.log_softmax(lm_head(pred[ce_mask]), dim=-1)
         ce = -(target_logp.exp() * logp).sum(-1).mean()
         loss = reg + ce_weight * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
+        _update(opt, loss, head.parameters())
         if step >= steps * 3 // 4:
             hits += float((logp.detach().argmax(-1) == target_logp.argmax(-1)).sum())
             seen += float(target_logp.shape[0])
-        value = float(loss.detach())
-        ema = value if ema is None else 0.95 * ema + 0.05 * value
-        bar.set_postfix(loss=f"{ema:.3f}", refresh=False)
+        ema = _smoothed(ema, loss, bar)
     return float(ema or 0.0), [hits / max(seen, 1.0)]
 
 
