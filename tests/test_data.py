@@ -6,7 +6,7 @@ import pytest
 
 from helpers import OFFICIAL
 from specbench.core.errors import SpecbenchError
-from specbench.core.questions import SUBTASKS, fetch, load_questions, select, sha256_of
+from specbench.core.questions import SUBTASKS, Question, fetch, interleave, load_questions, select, sha256_of
 
 
 @pytest.mark.skipif(not OFFICIAL.exists(), reason="official question file not present")
@@ -54,6 +54,16 @@ def test_non_utf8_and_missing_file(tmp_path):
         load_questions(path)
     with pytest.raises(SpecbenchError, match="not found"):
         load_questions(tmp_path / "absent.jsonl")
+
+
+def test_interleave_goes_round_robin_over_subtasks():
+    def q(i: int, category: str) -> Question:
+        return Question(i, category, ("x",))
+
+    questions = [q(1, "writing"), q(2, "coding"), q(3, "qa"), q(4, "rag"), q(5, "rag"), q(6, "rag")]
+    # writing and coding are both mt_bench; subtasks in order of first appearance
+    assert [x.question_id for x in interleave(questions)] == [1, 3, 4, 2, 5, 6]
+    assert interleave([]) == []
 
 
 @pytest.fixture()

@@ -113,7 +113,7 @@ def test_sampled_generation_follows_the_target():
 
 def test_bad_settings_are_refused(pairs):
     target = load_model(str(pairs["llama"][0]), device=CPU, dtype=torch.float32)
-    for key, value in (("update_every", 0), ("lr", 2.0), ("top_k", 0), ("buffer_size", 0)):
+    for key, value in (("update_every", 0), ("lr", 2.0), ("top_k", 0), ("buffer_size", 0), ("stream", "random")):
         with pytest.raises(SpecbenchError, match=key):
             build_method(method_cfg("online_spec", draft=str(pairs["llama"][1]), **{key: value}), target, EMPTY)
 
@@ -125,11 +125,12 @@ def test_a_run_starts_the_stream_after_the_warm_up_and_report_shows_it(pairs, tm
     common = ["model=local", f"model.path={target_path}", f"model.draft={draft_path}", "dataset=spec_bench",
               f"dataset.path={questions}", f"output_dir={out}", "max_new_tokens=12", "warmup=2", "progress=false",
               "task=[qa,math_reasoning]"]
-    for args in (["method=baseline"], ["method=online_spec", "method.update_every=1"]):
+    for args in (["method=baseline"], ["method=sps"], ["method=online_spec", "method.update_every=1"]):
         done = cli("run", *args, *common, cwd=tmp_path)
         assert done.code == 0, done
     records = read_answers(out / "spec_bench" / "local" / "online_spec" / "temp-0" / "run-1" / "answers.jsonl")
     assert len(records) == 6
+    assert [r[EXTRA_KEY]["subtask"] for r in records] == ["qa", "math_reasoning"] * 3  # round-robin
     turns = [s["online_turn"] for r in records for s in r[EXTRA_KEY]["stats"]]
     assert turns == [1, 2, 3, 4, 5, 6]  # the warm-up's two turns are not in the stream
     assert sum(s["online_updates"] for r in records for s in r[EXTRA_KEY]["stats"]) == 5
@@ -140,5 +141,10 @@ def test_a_run_starts_the_stream_after_the_warm_up_and_report_shows_it(pairs, tm
     stream = md.split("## Acceptance across the question stream")[1]
     line = next(x for x in stream.splitlines() if x.startswith("| online_spec"))
     assert line.split("|")[-2].strip().startswith("5 (")  # the updates cell: count (seconds)
+    twin = next(x for x in stream.splitlines() if x.startswith("| sps, same questions")).split("|")[2:7]
+    gain = next(x for x in stream.splitlines() if x.startswith("| online_spec / sps")).split("|")[2:7]
+    parts = line.split("|")[2:7]
+    for ours, theirs, ratio in zip(parts, twin, gain):
+        assert float(ratio) == pytest.approx(float(ours) / float(theirs), abs=0.01)
     meta = out / "spec_bench" / "local" / "online_spec" / "temp-0" / "run-1" / "meta.json"
     assert json.loads(meta.read_text())["facts"]["training"] == "online"

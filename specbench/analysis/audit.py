@@ -42,12 +42,18 @@ def depth_acceptance(runs: list[Run]) -> list[float] | None:
 STREAM_PARTS = 5
 
 
-def stream_acceptance(runs: list[Run], parts: int = STREAM_PARTS) -> dict[str, Any] | None:
+def stream_acceptance(
+    runs: list[Run], parts: int = STREAM_PARTS, twin: list[Run] | None = None
+) -> dict[str, Any] | None:
     """Mean accepted tokens per step in each of `parts` consecutive parts of the question stream
     (the answers in the order they were made, by `tstamp`; pooled over runs), and the draft
     updates of methods that learn online (`online_updates` / `online_update_seconds` per turn).
-    None when no run has `parts` answers."""
+    With `twin` (the runs of a static method to compare with, e.g. the same draft without
+    updates) also `twin_accepted`: the twin's mean accepted tokens on the same questions as each
+    part (pooled over the twin's runs), so that what the questions do is told apart from what the
+    learning does. None when no run has `parts` answers."""
     emitted, steps = [0] * parts, [0] * parts
+    ids: list[set[int]] = [set() for _ in range(parts)]
     updates, seconds = 0, 0.0
     for run in runs:
         records = sorted(run.records, key=lambda r: r.get("tstamp") or 0.0)
@@ -58,13 +64,23 @@ def stream_acceptance(runs: list[Run], parts: int = STREAM_PARTS) -> dict[str, A
             part = i * parts // len(records)
             emitted[part] += sum(lengths)
             steps[part] += len(lengths)
+            ids[part].add(r["question_id"])
             for stats in (r.get(EXTRA_KEY) or {}).get("stats", []):
                 updates += int((stats or {}).get("online_updates", 0) or 0)
                 seconds += float((stats or {}).get("online_update_seconds", 0.0) or 0.0)
     if not any(steps):
         return None
-    return {"mean_accepted": [e / s if s else None for e, s in zip(emitted, steps)],
-            "online_updates": updates, "online_update_seconds": seconds}
+    out: dict[str, Any] = {"mean_accepted": [e / s if s else None for e, s in zip(emitted, steps)],
+                           "online_updates": updates, "online_update_seconds": seconds}
+    if twin:
+        lengths_of = [r["choices"][0].get("accept_lengths", []) for run in twin for r in run.records]
+        owners = [r["question_id"] for run in twin for r in run.records]
+        means = []
+        for wanted in ids:
+            mine = [x for qid, lengths in zip(owners, lengths_of) if qid in wanted for x in lengths]
+            means.append(sum(mine) / len(mine) if mine else None)
+        out["twin_accepted"] = means
+    return out
 
 
 def time_split(rows: pd.DataFrame) -> dict[str, float] | None:

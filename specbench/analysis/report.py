@@ -109,7 +109,8 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.facts = method_facts(runs)
         result.contended = [c for run in runs if (c := run_contention(run))]
         result.memory = method_memory(runs)
-        result.stream = audit.stream_acceptance(runs)
+        twin = str(result.facts.get("static_twin") or "")
+        result.stream = audit.stream_acceptance(runs, twin=group.methods.get(twin) if twin else None)
         if group.temperature == 0 and name != BASELINE:
             result.audit = audit.lossless_audit(runs, base_runs, tie_margin)
         group.results.append(result)

@@ -146,6 +146,17 @@ def select(questions: list[Question], subtasks: list[str], limit: int | None) ->
     return chosen
 
 
+def interleave(questions: list[Question]) -> list[Question]:
+    """The questions round-robin across their subtasks (the first of each subtask, in the order the
+    subtasks first appear, then the second of each, ...): a stream whose every stretch mixes the
+    subtasks like the whole, instead of one subtask after another."""
+    groups: dict[str, list[Question]] = {}
+    for q in questions:
+        groups.setdefault(q.subtask, []).append(q)
+    rounds = itertools.zip_longest(*groups.values())
+    return [q for row in rounds for q in row if q is not None]
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

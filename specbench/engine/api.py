@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.questions import Question
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
@@ -121,6 +122,12 @@ class Method:
     def start_stream(self) -> None:
         """The timed question stream of a run starts (after the warm-up): a method that learns
         from the questions it has answered (Online Speculative Decoding) starts over here."""
+
+    def stream(self, questions: list[Question]) -> list[Question]:
+        """The order in which a run answers its questions: the file's, unless the method learns
+        from the stream and asks for another (answers are keyed by question id, so the order
+        changes no per-question number)."""
+        return questions
 
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:

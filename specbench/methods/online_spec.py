@@ -14,6 +14,11 @@ cost is in the method's time and in its speedup; each answer records how many up
 and their seconds. The stream starts over (the draft's initial weights, an empty buffer) when the
 timed question stream of a run starts, after the warm-up; a resumed run starts over too (the
 adapted weights are not saved), which its answers' `online_updates` counts show.
+
+The run answers the questions round-robin over the subtasks (`stream: interleaved`, the default),
+so that every stretch of the stream mixes the subtasks alike and a rise of acceptance along it is
+the updates' doing, not the next subtask's; `stream: file` keeps the file's order (subtask after
+subtask, a domain shift at each boundary).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.questions import Question, interleave
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
@@ -46,6 +53,7 @@ class OnlineSpecSettings:
     lr: float = field(metadata={"max": 1.0})  # AdamW learning rate of the updates
     top_k: int  # entries of the target's distribution kept per emitted token
     max_tokens_per_turn: int  # emitted tokens of a turn kept for training (its first ones)
+    stream: str = "interleaved"  # question order: interleaved (round-robin over subtasks) | file
 
 
 @dataclass
@@ -183,6 +191,9 @@ class OnlineDrafter(SpsDrafter):
         return -(teacher_probs * logp.gather(-1, teacher_ids)).sum(-1).mean()
 
 
+STREAMS = ("interleaved", "file")
+
+
 class OnlineSpec(SpeculativeMethod):
     """`method=online_spec`: SpS whose draft keeps being distilled on the target's outputs."""
 
@@ -190,6 +201,9 @@ class OnlineSpec(SpeculativeMethod):
 
     def build_drafter(self) -> Drafter:
         s = self.settings
+        if s.stream not in STREAMS:
+            raise SpecbenchError(f"method 'online_spec': stream must be one of {', '.join(STREAMS)}, got "
+                                 f"'{s.stream}' (fix it in the method's YAML or override)")
         draft, _ = load_draft(self.target, s.draft, self.model_cfg, "online_spec")
         return OnlineDrafter(draft, s, vocab_size=logits_width(self.target))
 
@@ -198,6 +212,9 @@ class OnlineSpec(SpeculativeMethod):
 
     def start_stream(self) -> None:
         self.drafter.start_stream()
+
+    def stream(self, questions: list[Question]) -> list[Question]:
+        return interleave(questions) if self.settings.stream == "interleaved" else questions
 
     def decode(
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer

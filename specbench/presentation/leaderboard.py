@@ -176,7 +176,9 @@ def learns_online(r: MethodResult) -> bool:
 
 def stream_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
     """Mean accepted tokens in each fifth of the question stream, for every method, when a method
-    that learns online is in the group (for the others the fifths show what the questions do)."""
+    that learns online is in the group (for the others the fifths show what the questions do).
+    Under a method that learns online, when its static twin is in the group: the twin on the same
+    questions as each fifth, and the gain (online / twin) per fifth."""
     if not any(learns_online(r) for r in group.results):
         return None
     headers = ["Method", *(f"part {i + 1}" for i in range(STREAM_PARTS)), "last / first", "Draft updates"]
@@ -185,20 +187,32 @@ def stream_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
         if r.stream is None or r.method == BASELINE:
             continue
         parts = r.stream["mean_accepted"]
-        first, last = parts[0], parts[-1]
-        ratio = f"{last / first:.3f}" if first and last else "-"
         updates = (f"{r.stream['online_updates']} ({r.stream['online_update_seconds']:.1f} s)"
                    if r.stream["online_updates"] else "-")
-        rows.append([r.method, *(_fmt(x) if x is not None else "-" for x in parts), ratio, updates])
+        rows.append([r.method, *_cells(parts), _last_over_first(parts), updates])
+        if twin := r.stream.get("twin_accepted"):
+            rows.append([f"{r.facts['static_twin']}, same questions", *_cells(twin), _last_over_first(twin), "-"])
+            gain = [a / b if a and b else None for a, b in zip(parts, twin)]
+            rows.append([f"{r.method} / {r.facts['static_twin']}", *_cells(gain, ".3f"), _last_over_first(gain), "-"])
     return headers, rows
+
+
+def _cells(values: list[float | None], spec: str = ".2f") -> list[str]:
+    return [_fmt(x, spec) for x in values]
+
+
+def _last_over_first(values: list[float | None]) -> str:
+    return f"{values[-1] / values[0]:.3f}" if values[0] and values[-1] else "-"
 
 
 STREAM_NOTE = (
     "Acceptance across the question stream: #mean accepted tokens in each fifth of every run's answers, in the "
-    "order they were made (pooled over runs). The questions come in file order, subtask by subtask, so the "
-    "fifths differ for every method; a method that learns online gains on its static twin (online_spec on sps: "
-    "same draft, no updates) as the stream goes on. Draft updates: how many ran over all runs and their time, "
-    "which is inside the method's timed decode and so in its speedup."
+    "order they were made (pooled over runs). Static methods answer in file order, subtask by subtask, so their "
+    "fifths differ by what the questions are; a method that learns online answers round-robin over the subtasks "
+    "(every fifth mixes them alike; its `stream` setting) and its static twin (online_spec: sps, the same draft "
+    "without updates) is shown on the same questions as each of its fifths, with the gain per fifth. Draft "
+    "updates: how many ran over all runs and their time, which is inside the method's timed decode and so in "
+    "its speedup."
 )
 
 

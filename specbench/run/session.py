@@ -171,7 +171,7 @@ class Session:
         self.prepare(folder, ident)
         done = {r["question_id"] for r in read_answers(folder / ANSWERS, repair=True)}
         repair_torn_tail(folder / ERRORS)  # a torn error row would glue onto the next one
-        todo = [q for q in self.questions if q.question_id not in done]
+        todo = method.stream([q for q in self.questions if q.question_id not in done])
         label = f"{method_cfg.name} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
         if not todo:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
