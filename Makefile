@@ -62,8 +62,14 @@ browser:  ## Debian's Chromium and its driver for tests/test_page.py (apt-get; s
 check: install  ## quick regression check against results/reference (what CI runs after the tests)
 	$(PY) -m specbench check --quick
 
+# `make test`: the zoo (and its heads) first, alone (training beside anything else runs 3-8x slower), then
+# the tests in TEST_WORKERS processes (pytest-xdist; a test file stays in one process; each process runs
+# torch on one thread). TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= auto
+
 test: install  ## the test suite (builds the zoo once, cached under ~/.cache/specbench/zoo)
-	$(PY) -m pytest -q
+	$(PY) -m specbench zoo build
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 zoo: install  ## build (or reuse) the embedded model zoo
 	$(PY) -m specbench zoo build

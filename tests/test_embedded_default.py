@@ -51,17 +51,19 @@ def test_report_sees_every_method(results):
 def test_check_catches_a_method_made_worse(tmp_path):
     """The regression check on real runs: unchanged code passes, a crippled PLD (one-token
     drafts) fails on #mean accepted tokens, with exit code 1."""
-    from helpers import specbench
+    from helpers import cli
 
     args = ["task=[summarization,rag]", "limit=1", "max_new_tokens=48", "warmup=0", "progress=false"]
     ref, now, worse = (tmp_path / name for name in ("ref", "now", "worse"))
     for out, extra in ((ref, []), (now, []), (worse, ["method.num_pred_tokens=1"])):
-        specbench("run", "method=pld", f"output_dir={out}", f"dataset.path={tmp_path / 'q.jsonl'}", *args, *extra,
-                  cwd=tmp_path, check=True)
+        done = cli("run", "method=pld", f"output_dir={out}", f"dataset.path={tmp_path / 'q.jsonl'}", *args, *extra,
+                   cwd=tmp_path)
+        assert done.code == 0, done
     check = ["check", "--reference", str(tmp_path / "reference")]
-    specbench(*check, "--results", str(ref), "--update", cwd=tmp_path, check=True)
-    same = specbench(*check, "--results", str(now), "tolerance.speedup_rel_min=0.6", cwd=tmp_path)
-    assert same.returncode == 0, same.stdout
-    bad = specbench(*check, "--results", str(worse), "tolerance.speedup_rel_min=0.6", cwd=tmp_path)
-    assert bad.returncode == 1
-    assert any("pld" in line and "#mean accepted" in line and "REGRESSED" in line for line in bad.stdout.splitlines())
+    updated = cli(*check, "--results", str(ref), "--update", cwd=tmp_path)
+    assert updated.code == 0, updated
+    same = cli(*check, "--results", str(now), "tolerance.speedup_rel_min=0.6", cwd=tmp_path)
+    assert same.code == 0, same.out
+    bad = cli(*check, "--results", str(worse), "tolerance.speedup_rel_min=0.6", cwd=tmp_path)
+    assert bad.code == 1
+    assert any("pld" in line and "#mean accepted" in line and "REGRESSED" in line for line in bad.out.splitlines())

@@ -100,7 +100,7 @@ def test_sampled_generation_follows_the_target():
     target, draft = tiny_vocab_model(0), tiny_vocab_model(1)
     settings = OnlineSpecSettings(draft=None, num_speculative_tokens=3, schedule="constant", update_every=1,
                                   buffer_size=8, steps_per_update=1, batch_turns=1, lr=1e-2, top_k=5,
-                                  max_tokens_per_turn=16)
+                                  max_tokens_per_turn=16, stream="interleaved")
     drafter = OnlineDrafter(draft, settings, vocab_size=5)
     method = SpeculativeMethod(target, EMPTY, EMPTY, drafter=drafter)
     drafter.start_stream()

@@ -94,7 +94,8 @@ def test_recheck_tells_bug_from_baseline_off(baseline_run, tmp_path):
     assert done.code == 0, done
     assert "lossless audit, fake: 0/2 equal, 0 near-tie, 2 NOT near-tie; float64 recheck: 1 baseline off, 1 bug" \
         in done.out
-    assert "warning" not in done.err, done.err
+    # no warning but the machine's own (another test process may load the CPU while this one runs)
+    assert not [x for x in done.err.splitlines() if "warning" in x and "under contention" not in x], done.err
 
     # Bounded: --recheck-limit 1 rechecks one mismatch, the other says why not (one warning).
     done = cli("report", str(results), "--out", str(tmp_path / "lb3"), "--recheck-limit", "1", "--no-figures",

@@ -53,7 +53,7 @@ class OnlineSpecSettings:
     lr: float = field(metadata={"max": 1.0})  # AdamW learning rate of the updates
     top_k: int  # entries of the target's distribution kept per emitted token
     max_tokens_per_turn: int  # emitted tokens of a turn kept for training (its first ones)
-    stream: str = "interleaved"  # question order: interleaved (round-robin over subtasks) | file
+    stream: str  # question order: interleaved (round-robin over subtasks) | file
 
 
 @dataclass
