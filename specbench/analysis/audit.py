@@ -73,13 +73,15 @@ def stream_acceptance(
     out: dict[str, Any] = {"mean_accepted": [e / s if s else None for e, s in zip(emitted, steps)],
                            "online_updates": updates, "online_update_seconds": seconds}
     if twin:
-        lengths_of = [r["choices"][0].get("accept_lengths", []) for run in twin for r in run.records]
-        owners = [r["question_id"] for run in twin for r in run.records]
-        means = []
-        for wanted in ids:
-            mine = [x for qid, lengths in zip(owners, lengths_of) if qid in wanted for x in lengths]
-            means.append(sum(mine) / len(mine) if mine else None)
-        out["twin_accepted"] = means
+        totals: dict[int, list[int]] = {}  # question id -> [tokens emitted, steps], pooled over the twin's runs
+        for run in twin:
+            for r in run.records:
+                lengths = r["choices"][0].get("accept_lengths", [])
+                total = totals.setdefault(r["question_id"], [0, 0])
+                total[0] += sum(lengths)
+                total[1] += len(lengths)
+        pooled = [[sum(totals[q][k] for q in wanted if q in totals) for k in (0, 1)] for wanted in ids]
+        out["twin_accepted"] = [e / s if s else None for e, s in pooled]
     return out
 
 
