@@ -16,7 +16,7 @@ BENCH_ARGS ?= task=all limit=10
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench leaderboard check test zoo data synth lint
+.PHONY: install bench leaderboard leaderboard-batch check test zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,13 +35,19 @@ bench: install  ## the main job: every method on 10 synthetic questions per subt
 # `make leaderboard`: the committed leaderboard (results/leaderboard). The greedy table: the `leaderboard`
 # suite (15 methods) on all 480 questions, one run each (`LEADERBOARD_ARGS="task=all runs=3"` gives
 # upstream's 3 runs, at three times the greedy phase's cost); Figure 6: the `sweep` suite at each
-# temperature on SWEEP_ARGS' questions (temperature 0 reuses the greedy answers). The README gives the
-# measured time on 2 cores; its answers live apart from `make bench`'s.
+# temperature on SWEEP_ARGS' questions (temperature 0 reuses the greedy answers); the batch-size table and
+# figure: `make leaderboard-batch` (below). The README gives the measured time on 2 cores; its answers live
+# apart from `make bench`'s.
 LEADERBOARD_ANSWERS ?= results/answers-leaderboard
 LEADERBOARD_OUT ?= results/leaderboard
 LEADERBOARD_ARGS ?= task=all runs=1
 SWEEP_TEMPS ?= 0,0.2,0.4,0.6,0.8,1.0
 SWEEP_ARGS ?= task=all limit=10
+# `make leaderboard-batch`: the `batch` suite at batch sizes 1, 2, 4, 8, 16 (the sweep=batch preset) on
+# BATCH_ARGS' questions, in their own answers folder (batch size 1 is measured on the same questions as the
+# others, not taken from the 480-question run) and its own report under results/leaderboard/batching.
+BATCH_ANSWERS ?= results/answers-batching
+BATCH_ARGS ?= task=all limit=10
 BENCH_OUT ?= results/bench
 
 leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 1 run, and the temperature sweep
@@ -52,6 +58,13 @@ leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 
 	$(PY) -m specbench -m run method=$$methods temperature=$(SWEEP_TEMPS) $(SWEEP_ARGS) \
 	    output_dir=$(LEADERBOARD_ANSWERS)
 	$(PY) -m specbench report $(LEADERBOARD_ANSWERS) --out $(LEADERBOARD_OUT)
+	$(MAKE) --no-print-directory leaderboard-batch
+
+leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report
+	$(PY) -m specbench zoo build
+	methods="$$($(PY) -m specbench methods --names --suite batch)" && \
+	$(PY) -m specbench -m run sweep=batch method=$$methods $(BATCH_ARGS) output_dir=$(BATCH_ANSWERS)
+	$(PY) -m specbench report $(BATCH_ANSWERS) --out $(LEADERBOARD_OUT)/batching
 
 .PHONY: browser
 browser:  ## Debian's Chromium and its driver for tests/test_page.py (apt-get; sudo when not root), unless present

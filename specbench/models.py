@@ -14,12 +14,107 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.core.errors import SpecbenchError
 
 ZOO_PREFIX = "zoo:"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer whose keys and values are views of buffers with spare room.
+
+    Hugging Face's DynamicLayer appends a step with `torch.cat`, which copies the whole cache at
+    every step (per layer, keys and values): on a CPU with long prompts that copy is a large part
+    of a decode step, and it grows with the batch. Here a step writes into the spare room and
+    the buffer grows by a quarter (plus GROWTH_SLACK entries) when full, so appending costs what
+    the new entries cost. Everything that assigns `keys` / `values` keeps working: assigning a
+    prefix view of the buffer (`crop`, the engine's compaction) just sets the length; any other
+    tensor (`batch_select_indices`) becomes the content of a new buffer."""
+
+    GROWTH_SLACK = 64
+    _kbuf: torch.Tensor | None = None
+    _vbuf: torch.Tensor | None = None
+    _klen = _vlen = 0
+
+    @classmethod
+    def _room(cls, like: torch.Tensor, n: int) -> torch.Tensor:
+        return like.new_empty(like.shape[0], like.shape[1], n + n // 4 + cls.GROWTH_SLACK, like.shape[3])
+
+    @classmethod
+    def _adopt(cls, buf: torch.Tensor | None, value: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+        if value is None or value.dim() != 4:
+            return None, 0
+        if (buf is not None and value.data_ptr() == buf.data_ptr() and value.stride() == buf.stride()
+                and value.shape[:2] == buf.shape[:2] and value.shape[3] == buf.shape[3]):
+            return buf, int(value.shape[2])  # a prefix of the buffer: a new length
+        n = int(value.shape[2])
+        new = cls._room(value, n)
+        new[:, :, :n] = value
+        return new, n
+
+    @classmethod
+    def _append(cls, buf: torch.Tensor | None, n: int, states: torch.Tensor) -> tuple[torch.Tensor, int]:
+        k = int(states.shape[2])
+        if buf is None or buf.shape[:2] != states.shape[:2] or n + k > buf.shape[2]:
+            new = cls._room(states, n + k)
+            if buf is not None and n:
+                new[:, :, :n] = buf[:, :, :n]
+            buf = new
+        buf[:, :, n : n + k] = states
+        return buf, n + k
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        return None if self._kbuf is None else self._kbuf[:, :, : self._klen]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._kbuf, self._klen = self._adopt(self._kbuf, value)
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        return None if self._vbuf is None else self._vbuf[:, :, : self._vlen]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._vbuf, self._vlen = self._adopt(self._vbuf, value)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._kbuf, self._klen = self._append(self._kbuf, self._klen, key_states)
+        self._vbuf, self._vlen = self._append(self._vbuf, self._vlen, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._klen if self.is_initialized else 0
+
+    def extend(self, length: int) -> None:
+        """Hold `length` entries per row (more than now); the new entries are zeros."""
+        n = self._klen
+        if length <= n or self._kbuf is None or self._vbuf is None:
+            return
+        for attr in ("_kbuf", "_vbuf"):
+            buf = getattr(self, attr)
+            if length > buf.shape[2]:
+                new = self._room(buf, length)
+                new[:, :, :n] = buf[:, :, :n]
+                buf = new
+                setattr(self, attr, buf)
+            buf[:, :, n:length].zero_()
+        self._klen = self._vlen = length
+
+
+def new_cache(config: object) -> DynamicCache:
+    """A DynamicCache for `config` whose full-attention layers are GrowingLayers (sliding-window
+    and other special layers stay as transformers builds them)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
 
 
 @dataclass
@@ -33,7 +128,7 @@ class LoadedModel:
     dtype: torch.dtype
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+        return new_cache(self.model.config)
 
     @property
     def eos_ids(self) -> set[int]:

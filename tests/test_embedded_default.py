@@ -1,6 +1,8 @@
 """Every method on the embedded default (the zoo), end to end: greedy output equals the
 baseline's token for token on a trained model, and the report sees every method."""
 
+import shutil
+
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -14,16 +16,44 @@ LOSSY = ["specdec_lossy"]  # labelled lossy options: audited, expected to differ
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory):
+def answers_dir(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("embedded")
     for method in ["baseline", *METHODS]:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=[
-                f"method={method}", "task=all", "limit=1", "max_new_tokens=40", "warmup=0", "progress=false",
-                f"output_dir={out}", f"dataset.path={out / 'question.jsonl'}"])
-        runner.run(cfg)
-    (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(out))]
+        zoo_run(out, f"method={method}")
+    return out
+
+
+def zoo_run(out, *overrides: str) -> None:
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            *overrides, "task=all", "limit=1", "max_new_tokens=40", "warmup=0", "progress=false",
+            f"output_dir={out}", f"dataset.path={out / 'question.jsonl'}"])
+    runner.run(cfg)
+
+
+@pytest.fixture(scope="module")
+def results(answers_dir):
+    (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(answers_dir))]
     return group
+
+
+#: methods whose drafters hold trained parts (draft models, heads, a datastore): batched on the zoo
+BATCHED = ["sps", "eagle", "eagle2", "eagle3", "medusa", "hydra", "specinfer", "specdec", "rest"]
+
+
+def test_trained_drafters_batch_losslessly_on_the_zoo(answers_dir, tmp_path):
+    """Batch size 3 (continuous: 6 questions and a second turn through 3 slots) against the batch-1
+    baseline: every answer equal, token for token."""
+    out = tmp_path / "batched"
+    shutil.copytree(answers_dir / "synthetic" / "tiny" / "baseline", out / "synthetic" / "tiny" / "baseline")
+    zoo_run(out, "method=baseline", "batch_size=3")
+    for method in BATCHED:
+        zoo_run(out, f"method={method}", "batch_size=3", "baseline=false")
+    groups = [report.analyse(g) for g in report.group_runs(report.load_runs(out))]
+    (batched,) = [g for g in groups if g.batch == 3]
+    assert {r.method for r in batched.results} == {"baseline", *BATCHED}
+    for result in batched.results:
+        assert result.audit["compared"] == 6 and result.audit["equal"] == 6, (result.method, result.audit)
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m not in LOSSY])

@@ -85,7 +85,7 @@ def full_logits(model, ids: list[int]) -> torch.Tensor:
 def test_layouts_have_sliding_layers(targets):
     kinds = {arch: [type(layer).__name__ for layer in t.new_cache().layers] for arch, t in targets.items()}
     assert kinds["mistral"] == ["DynamicSlidingWindowLayer"] * 2
-    assert kinds["qwen2"] == kinds["gemma3"] == ["DynamicSlidingWindowLayer", "DynamicLayer"]
+    assert kinds["qwen2"] == kinds["gemma3"] == ["DynamicSlidingWindowLayer", "GrowingLayer"]  # full attention
     for target in targets.values():
         cache = target.new_cache()
         assert static_tree_problem(target.model, cache) is None and sliding_window(cache) == WINDOW

@@ -223,6 +223,6 @@ def recheck_groups(groups: list[Group], *, tie_margin: float = 0.05, limit: int 
     """Recheck every greedy mismatch of the analysed groups (in place: `mismatch["recheck"]`)."""
     checker = Rechecker(tie_margin=tie_margin, limit=limit)
     for group in groups:
-        if group.temperature == 0:
+        if group.temperature == 0 and group.batch == 1:  # batched answers: audited against batch 1, not rechecked
             checker.group(group)
     return checker

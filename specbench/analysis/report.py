@@ -98,6 +98,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         group.problems.append(f"{group.title}: the baseline generated no tokens on {', '.join(subtasks)}, "
                               "so no speedup there")
     measured = set(group.speedups.index.get_level_values("method"))
+    reference = base_runs if group.batch == 1 else [r for r in group.reference or [] if r.records]
     for name, runs in group.methods.items():
         if name not in measured:
             group.problems.append(f"{group.title}: {name} answered no question the baseline answered; not reported")
@@ -111,10 +112,14 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.memory = method_memory(runs)
         twin = str(result.facts.get("static_twin") or "")
         result.stream = audit.stream_acceptance(runs, twin=group.methods.get(twin) if twin else None)
-        if group.temperature == 0 and name != BASELINE:
-            result.audit = audit.lossless_audit(runs, base_runs, tie_margin)
+        if group.temperature == 0 and (name != BASELINE or group.batch > 1) and reference:
+            result.audit = audit.lossless_audit(runs, reference, tie_margin)
         group.results.append(result)
     group.results.sort(key=lambda r: -r.rows["overall"]["speedup"])
+    if group.batch > 1 and group.temperature == 0 and not reference:
+        group.problems.append(f"{group.title}: no batch-1 baseline answers, so the batched answers are not audited "
+                              "against it; run `python -m specbench run method=baseline batch_size=1` with the same "
+                              "model, dataset and output_dir")
     if note := contention_note(group):
         group.notes.append(f"{group.title}: {note}")
     return group

@@ -34,16 +34,19 @@ class Run:
     problems: list[str] = field(default_factory=list)
     skipped: str | None = None  # why its files could not be read: then it holds nothing and counts nowhere
     part_metas: list[dict[str, Any]] = field(default_factory=list)  # the meta of each part (shards) read
+    batch: int = 1  # questions decoded together (the folder's batch-<B> level; 1 without it)
 
 
 @dataclass
 class Group:
-    """The runs of one (dataset, model, temperature), by method; `report.analyse` fills the rest."""
+    """The runs of one (dataset, model, temperature, batch size), by method; `report.analyse` fills the rest."""
 
     dataset: str
     model: str
     temperature: float
     methods: dict[str, list[Run]]
+    batch: int = 1
+    reference: list[Run] | None = None  # batched groups: the batch-1 baseline's runs (the lossless audit's reference)
     results: list[Any] = field(default_factory=list)  # report.MethodResult, best overall speedup first
     problems: list[str] = field(default_factory=list)
     frame: pd.DataFrame | None = None  # frame.tidy: one row per question x turn x method x run
@@ -52,7 +55,8 @@ class Group:
 
     @property
     def title(self) -> str:
-        return f"{self.dataset} / {self.model} / temperature {self.temperature:g}"
+        batch = f" / batch size {self.batch}" if self.batch > 1 else ""
+        return f"{self.dataset} / {self.model} / temperature {self.temperature:g}{batch}"
 
     def environment(self) -> dict[str, Any]:
         for runs in self.methods.values():
@@ -63,11 +67,15 @@ class Group:
 
 
 def read_run(folder: Path) -> Run:
-    """A run folder (`.../<dataset>/<model>/<method>/temp-<t>/run-<r>`): its own answers file and
-    its shards' merged. A folder with any unreadable file is left out whole (`Run.skipped`)."""
-    parts = folder.absolute().parts  # `report .` inside a method folder still knows its dataset and model
+    """A run folder (`.../<dataset>/<model>/<method>/temp-<t>/[batch-<B>/]run-<r>`): its own answers
+    file and its shards' merged. A folder with any unreadable file is left out whole (`Run.skipped`)."""
+    parts = list(folder.absolute().parts)  # `report .` inside a method folder still knows its dataset and model
+    batch = 1
+    if re.fullmatch(r"batch-\d+", parts[-2]):
+        batch = int(parts.pop(-2).removeprefix("batch-"))
     temperature = _float(parts[-2].removeprefix("temp-"), math.nan)
-    run = Run(parts[-5], parts[-4], parts[-3], temperature, int(parts[-1].removeprefix("run-")), [], None, folder)
+    run = Run(parts[-5], parts[-4], parts[-3], temperature, int(parts[-1].removeprefix("run-")), [], None, folder,
+              batch=batch)
     if math.isnan(temperature):
         return _skip(run, f"{folder}: '{parts[-2]}' is not temp-<number> (e.g. temp-0.7); rename the folder")
     try:
@@ -213,7 +221,8 @@ def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
     for path in sorted(root.rglob("*.jsonl")):
         if path.name == ANSWERS:
             folder = path.parent.parent if path.parent.name.startswith("shard-") else path.parent
-            if re.fullmatch(r"run-\d+", folder.name) and folder.parent.name.startswith("temp-") and (
+            parent = folder.parent.parent if re.fullmatch(r"batch-\d+", folder.parent.name) else folder.parent
+            if re.fullmatch(r"run-\d+", folder.name) and parent.name.startswith("temp-") and (
                     not runs or runs[-1].source != folder):
                 runs.append(read_run(folder))
         elif path.name != ERRORS and "question" not in path.name:
@@ -228,15 +237,18 @@ def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs grouped by (dataset, model, temperature); each method's runs sorted by run number."""
-    groups: dict[tuple[str, str, float], Group] = {}
+    """Runs grouped by (dataset, model, temperature, batch size); each method's runs sorted by run number."""
+    groups: dict[tuple[str, str, float, int], Group] = {}
     for run in runs:
-        key = (run.dataset, run.model, run.temperature)
-        group = groups.setdefault(key, Group(run.dataset, run.model, run.temperature, {}))
+        key = (run.dataset, run.model, run.temperature, run.batch)
+        group = groups.setdefault(key, Group(run.dataset, run.model, run.temperature, {}, batch=run.batch))
         group.methods.setdefault(run.method, []).append(run)
     for group in groups.values():
         for method_runs in group.methods.values():
             method_runs.sort(key=lambda r: r.run)
+    for (dataset, model, temperature, batch), group in groups.items():
+        if batch > 1 and (single := groups.get((dataset, model, temperature, 1))) is not None:
+            group.reference = single.methods.get(BASELINE)
     return [groups[k] for k in sorted(groups)]
 
 

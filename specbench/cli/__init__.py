@@ -137,11 +137,14 @@ def _report(args: list[str]) -> int:
     for group in groups:
         if group.results:
             print(leaderboard.console(group))
-            if recheck and group.temperature == 0:
+            if recheck and group.temperature == 0 and group.batch == 1:
                 print("\n".join(leaderboard.audit_lines(group) or ["lossless audit: every greedy answer equals "
                                                                    "the baseline's; nothing to recheck"]))
         for problem in [*group.problems, *group.notes]:
             print(f"warning: {problem}", file=sys.stderr)
+    if batches := leaderboard.batch_console(groups):
+        print(batches)
+        print(leaderboard.BATCH_NOTE)
     print(leaderboard.DEFINITIONS)
     if written:
         print(f"\nwrote {len(written)} files to {opts.out}")

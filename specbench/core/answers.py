@@ -1,6 +1,7 @@
 """Answer files: upstream Spec-Bench JSONL, appended and flushed per question, resumable.
 
-Layout: <output_dir>/<dataset>/<model>/<method>/temp-<t>/run-<r>/{answers.jsonl,meta.json}.
+Layout: <output_dir>/<dataset>/<model>/<method>/temp-<t>/[batch-<B>/]run-<r>/{answers.jsonl,meta.json}
+(the batch level only for batched runs, batch_size > 1).
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ META = "meta.json"
 EXTRA_KEY = "specbench"  # our fields beyond the upstream format live under this one key
 
 
-def run_dir(output_dir: str | os.PathLike, dataset: str, model: str, method: str, temperature: float, run: int) -> Path:
-    return Path(output_dir) / dataset / model / method / f"temp-{temperature:g}" / f"run-{run}"
+def run_dir(
+    output_dir: str | os.PathLike, dataset: str, model: str, method: str, temperature: float, run: int, batch: int = 1
+) -> Path:
+    folder = Path(output_dir) / dataset / model / method / f"temp-{temperature:g}"
+    return (folder / f"batch-{batch}" if batch > 1 else folder) / f"run-{run}"
 
 
 def repair_torn_tail(path: str | os.PathLike) -> bytes:

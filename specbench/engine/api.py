@@ -8,6 +8,7 @@ named sections on the timer they are given (`with timer.section("draft"): ...`).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -35,6 +36,44 @@ class Prefilled:
     cache: Any = None
     logits: torch.Tensor | None = None  # (1, vocab) logits that produced tokens[-1]
     extra: dict[str, Any] = field(default_factory=dict)  # method-specific state (hidden states...)
+
+
+@dataclass
+class Request:
+    """One prompt for batched decoding: the caller's `key`, the prompt ids (1, len), its stop rule."""
+
+    key: Any
+    input_ids: torch.Tensor
+    stop: StopCriteria
+
+
+class Requests:
+    """The caller's side of `Method.generate_batch`: the prompts waiting, and where results go.
+
+    The method takes prompts with `pop` while it has free rows (None: nothing waits now) and
+    hands each finished one to `finished`, which may queue more (a conversation's next turn):
+    the method keeps going until nothing is live and nothing waits.
+    """
+
+    def pop(self) -> Request | None:
+        raise NotImplementedError
+
+    def finished(self, request: Request, result: GenerationResult) -> None:
+        raise NotImplementedError
+
+
+class RequestList(Requests):
+    """Requests from a list, results collected by key (tests; a static batch)."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.waiting = list(reversed(requests))
+        self.results: dict[Any, GenerationResult] = {}
+
+    def pop(self) -> Request | None:
+        return self.waiting.pop() if self.waiting else None
+
+    def finished(self, request: Request, result: GenerationResult) -> None:
+        self.results[request.key] = result
 
 
 @dataclass
@@ -104,6 +143,9 @@ class Method:
     splits_prefill: bool = True
     #: the dataclass of the method's settings (types and meaning; the method's YAML gives the values)
     Settings: type = NoSettings
+    #: why the method cannot decode batches (`run batch_size=B` refuses it at start), None when it
+    #: can through `generate_batch`
+    batch_problem: str | None = "it has no batched decoding"
 
     def __init__(self, target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig) -> None:
         self.target = target
@@ -141,6 +183,12 @@ class Method:
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
     ) -> GenerationResult:
         raise NotImplementedError
+
+    def generate_batch(self, requests: Requests, slots: int, sampling: SamplingParams, timer: Timer) -> None:
+        """Answer the requests with up to `slots` rows decoded together (one target forward per
+        step for all of them), until none is live and none waits. The runner has started `timer`;
+        the method times sections on it ("prefill", "draft", "verify")."""
+        raise SpecbenchError(f"{type(self).__name__} cannot decode batches: {self.batch_problem}")
 
 
 @dataclass
@@ -188,6 +236,13 @@ class Drafter:
 
     def reset(self) -> None:
         """Forget state carried across calls (start of every run)."""
+
+    def fork(self) -> Drafter:
+        """A drafter for one row of a batch. It shares the weights and whatever persists across
+        calls; `begin` then gives it its own per-call state (caches, pools). The default is a
+        shallow copy, right for drafters whose `begin` assigns fresh per-call objects; a drafter
+        that changes per-call state in place (clears a pool, fills a buffer) overrides this."""
+        return copy.copy(self)
 
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
         """A generate call starts: the target has prefilled the prompt and chose state.tokens[0]."""

@@ -10,6 +10,7 @@ draft tokens plus one token of the target's own (the "bonus").
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,17 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
-from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Method, Prefilled
+from specbench.engine.api import (
+    DraftContext,
+    Drafter,
+    Feedback,
+    GenerationResult,
+    Method,
+    Prefilled,
+    Request,
+    Requests,
+)
+from specbench.engine.batch import BatchDecoder
 from specbench.engine.target import TargetScorer, keep_rows, model_context
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict, verify
@@ -67,6 +78,19 @@ class StepStats:
         return out
 
 
+class Annotated(Requests):
+    """Requests whose results pass through a method's `annotate` on the way back."""
+
+    def __init__(self, inner: Requests, annotate: Callable[[GenerationResult], GenerationResult]) -> None:
+        self.inner, self.annotate = inner, annotate
+
+    def pop(self) -> Request | None:
+        return self.inner.pop()
+
+    def finished(self, request: Request, result: GenerationResult) -> None:
+        self.inner.finished(request, self.annotate(result))
+
+
 class SpeculativeMethod(Method):
     """A Method whose decode is the shared speculative loop; subclasses supply `build_drafter`.
 
@@ -81,8 +105,23 @@ class SpeculativeMethod(Method):
         self.scorer = TargetScorer(target.model, target.device, target.dtype)
         self.context = model_context(target.model.config)
 
+    #: batched decoding: every drafter that keeps its per-call state per fork (see Drafter.fork)
+    batch_problem: str | None = None
+
     def build_drafter(self) -> Drafter:
         raise NotImplementedError
+
+    def annotate(self, result: GenerationResult) -> GenerationResult:
+        """A hook for what a method adds to every result's stats (batched or not)."""
+        return result
+
+    def generate_batch(self, requests: Requests, slots: int, sampling: SamplingParams, timer: Timer) -> None:
+        if self.batch_problem is not None:
+            return super().generate_batch(requests, slots, sampling, timer)
+        decoder = BatchDecoder(self.target, self.drafter.fork, self.verify_step, sampling, timer, StepStats,
+                               context=self.context, hidden_states=self.drafter.needs_hidden_states)
+        decoder.run(Annotated(requests, self.annotate), slots)
+        return None
 
     def reset(self) -> None:
         self.drafter.reset()
@@ -124,8 +163,13 @@ class SpeculativeMethod(Method):
             )
         return tree.first_branch(), False
 
-    @torch.inference_mode()
     def decode(
+        self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
+    ) -> GenerationResult:
+        return self.annotate(self._decode(state, sampling, stop, timer))
+
+    @torch.inference_mode()
+    def _decode(
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
     ) -> GenerationResult:
         tokens = list(state.tokens)

@@ -18,15 +18,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specbench.engine.tree import DraftTree
+from specbench.models import GrowingLayer, new_cache
 
 #: attention implementations that add a custom 4D float mask to the scores as given
 TREE_ATTENTION_IMPLS = ("eager", "sdpa")
 #: cache layers `keep_rows` can compact (exact types: subclasses keep other state)
-COMPACTABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
+COMPACTABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, GrowingLayer)
 
 
 def model_context(config: Any) -> int | None:
@@ -153,7 +153,7 @@ def probe_tree_attention(model: torch.nn.Module, dtype: torch.dtype) -> str | No
     prefix, root, first, second = ids[:3], ids[3], ids[4], ids[5]
     tree = DraftTree(torch.tensor([first, second], device=device), (-1, -1))
     try:
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model.config)
         model(input_ids=torch.tensor([prefix], device=device), cache=cache, use_cache=True)
         mask, positions = tree_attention_inputs(tree, len(prefix), device, dtype)
         got = model(

@@ -7,7 +7,10 @@ import torch
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
-from specbench.engine.api import GenerationResult, Method, Prefilled
+from specbench.engine.api import GenerationResult, Method, Prefilled, Requests
+from specbench.engine.batch import BatchDecoder, NoDraft, NoStats
+from specbench.engine.target import model_context
+from specbench.engine.verifier import verify
 
 
 def top2_margin(logits: torch.Tensor) -> float:
@@ -18,7 +21,17 @@ def top2_margin(logits: torch.Tensor) -> float:
 
 class Baseline(Method):
     """The reference. In greedy mode it also records the top-2 logit margin of every token,
-    so the report's lossless audit can tell numerical near-ties from real mismatches."""
+    so the report's lossless audit can tell numerical near-ties from real mismatches.
+
+    Batched, it is the shared batched loop with an empty draft per row: right-padded prompts,
+    one forward per step for the live rows, each row stopping on its own (and leaving the batch)."""
+
+    batch_problem = None
+
+    def generate_batch(self, requests: Requests, slots: int, sampling: SamplingParams, timer: Timer) -> None:
+        margins = top2_margin if sampling.greedy else None
+        BatchDecoder(self.target, NoDraft, verify, sampling, timer, NoStats, margins,
+                     model_context(self.target.model.config)).run(requests, slots)
 
     @torch.inference_mode()
     def decode(

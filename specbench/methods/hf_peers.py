@@ -78,6 +78,7 @@ class HfPeer(Method):
     """Common part: one generate call, per-forward token counts from a streamer."""
 
     splits_prefill = False
+    batch_problem = "Hugging Face's assisted generation decodes one sequence at a time (batch size 1 only)"
 
     def generate_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError

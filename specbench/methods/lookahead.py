@@ -124,6 +124,11 @@ class LookaheadDrafter(Drafter):
         self.pool = NgramPool(max(guess, 1))
         self.levels = torch.empty(0, window, dtype=torch.long)  # (levels so far, W)
 
+    def fork(self) -> LookaheadDrafter:
+        twin = super().fork()
+        twin.pool = NgramPool(self.pool.cap)  # cleared and filled per call: one per row
+        return twin
+
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
         prompt = state.input_ids[0].to("cpu")
         self.pool.clear()

@@ -198,6 +198,8 @@ class OnlineSpec(SpeculativeMethod):
     """`method=online_spec`: SpS whose draft keeps being distilled on the target's outputs."""
 
     Settings = OnlineSpecSettings
+    batch_problem = ("it learns from the stream one turn at a time (each update trains the draft on the "
+                     "answers before it), which a batch of simultaneous answers has no order for")
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -73,6 +73,8 @@ class Ppd(SpeculativeMethod):
     """`method=ppd`: the exit head of `method.head` (default the zoo's, for model=tiny)."""
 
     Settings = PpdSettings
+    batch_problem = ("it drafts through the target's own KV cache with layers skipped, and the batched engine's "
+                     "one padded cache for all rows has no per-row view for that")
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -439,6 +439,8 @@ class SelfSpec(SpeculativeMethod):
     """`method=self_spec`."""
 
     Settings = SelfSpecSettings
+    batch_problem = ("it drafts through the target's own KV cache with layers skipped, and the batched engine's "
+                     "one padded cache for all rows has no per-row view for that")
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -18,8 +18,6 @@ import torch
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams, probs_from_logits, sample
-from specbench.core.stopping import StopCriteria
-from specbench.core.timing import Timer
 from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
 from specbench.engine.api import GenerationResult, Prefilled
 from specbench.engine.verifier import Verdict
@@ -135,8 +133,7 @@ class SpecDec(SpeculativeMethod):
                                  "with temperature=0, or use method=specdec (exact) under sampling")
         return verify_top_beta(tree, logits, int(self.settings.top_beta), float(self.settings.tau))
 
-    def decode(self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer) -> GenerationResult:
-        result = super().decode(state, sampling, stop, timer)
+    def annotate(self, result: GenerationResult) -> GenerationResult:
         if self.lossy:
             result.stats["verification"] = f"{LOSSY_LABEL}: beta={self.settings.top_beta}, tau={self.settings.tau}"
         return result

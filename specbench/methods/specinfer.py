@@ -70,6 +70,9 @@ class SpecInferDrafter(Drafter):
         for d in self.drafters:
             d.reset()
 
+    def fork(self) -> SpecInferDrafter:
+        return SpecInferDrafter([d.fork() for d in self.drafters])
+
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
         for d in self.drafters:
             d.begin(state, sampling)

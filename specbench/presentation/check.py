@@ -68,12 +68,14 @@ def snapshot(group: report.Group, limit: int | None) -> dict[str, Any]:
         }
     weights = next((run.meta.get("target_weights") for runs in group.methods.values() for run in runs
                     if run.meta and run.meta.get("target_weights")), None)
-    return {"dataset": group.dataset, "model": group.model, "temperature": group.temperature, "limit": limit,
+    return {"dataset": group.dataset, "model": group.model, "temperature": group.temperature, "batch": group.batch,
+            "limit": limit,
             "environment": group.environment(), "target_weights": weights, "methods": methods}
 
 
 def reference_path(ref_dir: Path, group: report.Group, quick: bool) -> Path:
     name = f"{group.dataset}-{group.model}" + ("" if group.temperature == 0 else f"-temp-{group.temperature:g}")
+    name += f"-batch-{group.batch}" if group.batch > 1 else ""
     return ref_dir / f"{name}{'-quick' if quick else ''}.json"
 
 

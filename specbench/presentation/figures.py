@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from specbench.analysis.batching import BatchPoint  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
 
@@ -99,6 +100,38 @@ def figure6(groups: list[Group], base: Path) -> list[Path]:
     ax.set_ylabel("Overall speedup (x)")
     ax.set_title(f"Speedup against temperature: {groups[0].dataset} / {groups[0].model}", fontsize=10)
     ax.legend(fontsize=8)
+    return _save(fig, base)
+
+
+def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]:
+    """Left: speedup at each batch size (method throughput / baseline throughput at the same size),
+    one line per method; right: throughput against batch size, the baseline included."""
+    series: dict[str, list[BatchPoint]] = {}
+    for p in points:
+        series.setdefault(p.method, []).append(p)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for method, pts in sorted(series.items()):
+        pts = sorted(pts, key=lambda p: p.batch)
+        xs = [p.batch for p in pts]
+        style = {"color": "black", "linestyle": "--"} if method == BASELINE else {"color": colour(method)}
+        right.plot(xs, [p.throughput for p in pts], marker="o", label=method, **style)
+        if method != BASELINE:
+            speed = [(p.batch, p.speedup) for p in pts if p.speedup is not None]
+            if speed:
+                left.plot(*zip(*speed), marker="o", label=method, **style)
+    left.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="baseline (1.00x)")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        sizes = sorted({p.batch for p in points})
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(b) for b in sizes])
+        ax.set_xlabel("Batch size")
+    left.set_ylabel("Speedup at the same batch size (x)")
+    right.set_ylabel("Throughput (generated tokens / s of the batch)")
+    left.set_title("Speedup against batch size", fontsize=10)
+    right.set_title("Throughput against batch size", fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    left.legend(fontsize=8)
     return _save(fig, base)
 
 

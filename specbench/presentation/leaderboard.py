@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.analysis.audit import RECHECK_VERDICTS, STREAM_PARTS
+from specbench.analysis.batching import BatchPoint, batch_points
 from specbench.analysis.frame import OVERALL
 from specbench.analysis.report import BASELINE, Group, MethodResult, contention_note
 from specbench.core.errors import SpecbenchError
@@ -38,7 +39,8 @@ CSV_METRICS = ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "
 
 def stem(group: Group) -> str:
     base = f"{group.dataset}-{group.model}"
-    return base if group.temperature == 0 else f"{base}-temp-{group.temperature:g}"
+    base = base if group.temperature == 0 else f"{base}-temp-{group.temperature:g}"
+    return f"{base}-batch-{group.batch}" if group.batch > 1 else base
 
 
 def _fmt(x: float, spec: str = ".2f") -> str:
@@ -216,6 +218,58 @@ STREAM_NOTE = (
 )
 
 
+BATCH_NOTE = (
+    "Throughput: all generated tokens / all wall time of the method's batches (tokens per second of the whole "
+    "batch). Speedup: the method's throughput / the baseline's at the same batch size. Latency: from the start "
+    "of a question's batch until its row stopped, summed over its turns (batch size 1: its wall time); mean and "
+    "90th percentile over questions. #Mean accepted: tokens emitted per target step of a row. Peak memory: the "
+    "run's measured peak (the target's weights included)."
+)
+
+
+def batch_stem(key: tuple[str, str, float]) -> str:
+    dataset, model, temperature = key
+    return f"{dataset}-{model}" + ("" if temperature == 0 else f"-temp-{temperature:g}") + "-batch"
+
+
+def batch_table(points: list[BatchPoint]) -> tuple[list[str], list[list[str]]]:
+    headers = ["Method", "Batch size", "#Q", "Throughput tok/s", "Speedup", "Mean latency s", "p90 latency s",
+               "#Mean accepted", "Peak memory"]
+    rows = [[p.method, str(p.batch), str(p.questions), f"{p.throughput:.1f}",
+             "-" if p.speedup is None else f"{p.speedup:.2f}x", f"{p.latency:.2f}", f"{p.latency_p90:.2f}",
+             f"{p.mean_accepted:.2f}", _bytes(p.peak_bytes)] for p in points]
+    return headers, rows
+
+
+def batch_console(groups: list[Group]) -> str:
+    """The batch-size tables of every (dataset, model, temperature) measured at several batch sizes."""
+    parts = []
+    for (dataset, model, temperature), points in batch_points(groups).items():
+        parts.append(f"\nBatch sizes: {dataset} / {model} / temperature {temperature:g}\n\n"
+                     f"{markdown(*batch_table(points))}\n")
+    return "".join(parts)
+
+
+def write_batches(groups: list[Group], out_dir: Path, figures: bool) -> list[Path]:
+    """<dataset>-<model>[-temp-t]-batch.{md,csv} (and the figure) where several batch sizes exist."""
+    written: list[Path] = []
+    for key, points in batch_points(groups).items():
+        headers, rows = batch_table(points)
+        md = out_dir / f"{batch_stem(key)}.md"
+        title = f"{key[0]} / {key[1]} / temperature {key[2]:g}"
+        md.write_text(f"# Speedup against batch size: {title}\n\n{markdown(headers, rows)}\n\n{BATCH_NOTE}\n",
+                      encoding="utf-8")
+        frame = pd.DataFrame([vars(p) for p in points])
+        csv_path = out_dir / f"{batch_stem(key)}.csv"
+        frame.round(4).to_csv(csv_path, index=False, na_rep="nan", lineterminator="\r\n", encoding="utf-8")
+        written += [md, csv_path]
+        if figures:
+            from specbench.presentation.figures import batch_figure
+
+            written += batch_figure(points, title, out_dir / batch_stem(key))
+    return written
+
+
 def environment_line(group: Group) -> str:
     env = group.environment()
     if not env:
@@ -315,6 +369,7 @@ def build(
         for group in groups:
             if group.results:
                 written += write_group(group, out_dir)
+        written += write_batches(groups, out_dir, figures)
         if figures:
             written += _figures(groups, out_dir)
         if any(group.results for group in groups):  # the page: these tables and figures in one file
@@ -339,7 +394,8 @@ def _figures(groups: list[Group], out_dir: Path) -> list[Path]:
             continue
         written += figures.figure5(group, out_dir / f"{stem(group)}-fig5")
         written += figures.acceptance(group, out_dir / f"{stem(group)}-acceptance")
-        by_model.setdefault((group.dataset, group.model), []).append(group)
+        if group.batch == 1:  # Figure 6 is across temperatures, one sequence at a time
+            by_model.setdefault((group.dataset, group.model), []).append(group)
     for (dataset, model), same in by_model.items():
         if len(same) > 1:
             written += figures.figure6(same, out_dir / f"{dataset}-{model}-fig6")

@@ -93,16 +93,8 @@ class _Ids:
 
 
 def _batch_size(group: Group) -> Any:
-    """The group's batch size when the runs record one (attribute or meta), else None."""
-    if (size := getattr(group, "batch_size", None)) is not None:
-        return size
-    for runs in group.methods.values():
-        for run in runs:
-            for part in ("identity", "config"):
-                section = (run.meta or {}).get(part)
-                if isinstance(section, dict) and section.get("batch_size") is not None:
-                    return section["batch_size"]
-    return None
+    """The group's batch size when it is batched, else None."""
+    return group.batch if group.batch > 1 else None
 
 
 def _label(group: Group) -> str:
@@ -120,6 +112,8 @@ def _block(block_id: str, dataset: str, model: str, sections: list[tuple[str, Gr
     fig6 = svgs.get(f"{dataset}-{model}-fig6.svg")
     if fig6 is not None:
         parts.append(_figure(fig6, "Figure 6: overall speedup against temperature", ids))
+    for name in sorted(n for n in svgs if n.startswith(f"{dataset}-{model}") and n.endswith("-batch.svg")):
+        parts.append(_figure(svgs[name], "Speedup and throughput against batch size", ids))
     parts += [_section(sid, group, tables, svgs, ids) for sid, group in sections]
     parts.append("</section>")
     return "\n".join(parts)

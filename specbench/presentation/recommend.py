@@ -56,7 +56,7 @@ def recommend_main(args: list[str]) -> int:
     if not math.isfinite(opts.temperature) or opts.temperature < 0:
         raise SpecbenchError(f"--temperature must be a finite number >= 0, got {opts.temperature:g}")
     groups = [report.analyse(g) for g in report.group_runs(report.load_runs(Path(opts.results)))]
-    groups = [g for g in groups if g.results]
+    groups = [g for g in groups if g.results and g.batch == 1]  # one sequence at a time, as it recommends
     if not groups:
         raise SpecbenchError(f"no measured results under {opts.results}; run `make leaderboard` first")
     chosen = min({g.temperature for g in groups}, key=lambda t: (abs(t - opts.temperature), t))

@@ -108,6 +108,10 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: `batch_mode` values (run.session.Session.answer_batch)
+BATCH_MODES = ("continuous", "static")
+
+
 def check_values(cfg: DictConfig) -> None:
     """Ranges and choices of the plain keys, as one-line errors, before anything loads.
     Normalises `model.stop_strings`: a single string means that one stop string."""
@@ -126,6 +130,13 @@ def check_values(cfg: DictConfig) -> None:
         fail(f"limit must be a positive integer or null, got {cfg.limit!r}")
     if not _is_int(cfg.runs) or cfg.runs < 1:
         fail(f"runs must be a positive integer, got {cfg.runs!r}")
+    if not _is_int(cfg.get("batch_size", 1)) or cfg.get("batch_size", 1) < 1:
+        fail(f"batch_size must be a positive integer, got {cfg.batch_size!r}")
+    if cfg.get("batch_mode", "continuous") not in BATCH_MODES:
+        fail(f"batch_mode must be one of {', '.join(BATCH_MODES)}, got {cfg.batch_mode!r}")
+    if not _is_int(cfg.get("batch_queue", 1)) or cfg.get("batch_queue", 1) < 1:
+        fail(f"batch_queue must be a positive integer (questions per timed sequence, in batch sizes), "
+             f"got {cfg.batch_queue!r}")
     if not _is_int(cfg.warmup) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
     if not _is_int(cfg.seed) or not 0 <= cfg.seed < 2**63:

@@ -210,7 +210,13 @@ def weights_fingerprint(folder: str) -> str | None:
 
 def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
     """What must not change between a run and its resumption (labels for people excluded)."""
+    batch = {}  # batch size 1: as before batching existed
+    if int(cfg.get("batch_size", 1)) > 1:
+        batch = {"batch_size": int(cfg.batch_size), "batch_mode": str(cfg.batch_mode)}
+        if cfg.batch_mode == "continuous":
+            batch["batch_queue"] = int(cfg.batch_queue)
     return {
+        **batch,
         "dataset": cfg.dataset.name,
         "model": cfg.model.path,
         "template": cfg.model.template,

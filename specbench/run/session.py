@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,9 @@ from specbench.core.prompts import prompt_ids
 from specbench.core.resources import CONFIG_DIR
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
-from specbench.core.timing import Timer, timer_for
-from specbench.engine.api import Method
+from specbench.core.timing import Timer, Timing, timer_for
+from specbench.engine.api import GenerationResult, Method, Request, Requests
+from specbench.engine.batch import batch_problem
 from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
 from specbench.run.config import check_values, selected_subtasks
@@ -148,16 +150,24 @@ class Session:
                 f"({self.context} positions for prompt and answer together); use max_new_tokens=... below "
                 f"{self.context} (longer prompts get the rest of the context, noted per answer)"
             )
+        self.batch_size = int(cfg.batch_size)
+        if self.batch_size > 1 and (problem := batch_problem(self.target)) is not None:
+            raise SpecbenchError(f"batch_size={self.batch_size}: {cfg.model.path} cannot decode batches ({problem}); "
+                                 "run it with batch_size=1")
         self.interrupted: Callable[[], bool] = lambda: False  # `run` sets the Ctrl-C flag
         self.outcomes: list[Outcome] = []
 
     def run_dir(self, method_name: str, run: int) -> Path:
         c = self.cfg
-        folder = run_dir(c.output_dir, c.dataset.name, c.model.name, method_name, float(c.temperature), run)
+        folder = run_dir(c.output_dir, c.dataset.name, c.model.name, method_name, float(c.temperature), run,
+                         self.batch_size)
         return folder / shard_dir(c.shard) if c.shard else folder
 
     def run_method(self, method_cfg: DictConfig) -> None:
         method = build_method(method_cfg, self.target, self.cfg.model)
+        if self.batch_size > 1 and method.batch_problem is not None:
+            raise SpecbenchError(f"method '{method_cfg.name}' cannot run batched: {method.batch_problem}; run it with "
+                                 "batch_size=1")
         for run in range(1, int(self.cfg.runs) + 1):
             self.run_once(method, method_cfg, run)
 
@@ -196,7 +206,10 @@ class Session:
         memory = MemoryProbe(self.target.device)
         memory.start()
         for _ in range(int(self.cfg.warmup)):
-            self.answer(method, self.questions[0])
+            if self.batch_size > 1:
+                self.answer_batch(method, self.questions[: self.batch_size], self.questions[0].question_id)
+            else:
+                self.answer(method, self.questions[0])
         method.start_stream()
         if done:
             print(f"{label}: resuming, {len(done)} answers kept, {len(todo)} to go", file=sys.stderr)
@@ -260,28 +273,39 @@ class Session:
         outcome = Outcome(label, folder, len(todo), kept)
         self.outcomes.append(outcome)
         tokens = seconds = 0.0
-        bar = tqdm(todo, desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
+        bar = tqdm(total=len(todo), desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
+        size = self.batch_size  # questions per timed call: one, a static batch, or a continuous one's queue
+        if size > 1 and self.cfg.batch_mode == "continuous":
+            size *= int(self.cfg.batch_queue)
         try:
             with AnswerWriter(folder / ANSWERS) as writer:
-                for question in bar:
-                    self.guard.tick()  # a question boundary: contention counters, no waiting
+                for start in range(0, len(todo), size):
+                    group = todo[start : start + size]
+                    self.guard.tick()  # a question (batch) boundary: contention counters, no waiting
                     if self.interrupted():
                         raise KeyboardInterrupt
                     try:
-                        record = self.answer(method, question)
-                    except Exception as exc:  # noqa: BLE001 - any failure of one question is recorded
+                        if self.batch_size > 1:
+                            records = self.answer_batch(method, group, group[0].question_id)
+                        else:
+                            records = [self.answer(method, group[0])]
+                    except Exception as exc:  # noqa: BLE001 - any failure of one question (batch) is recorded
                         if self.cfg.on_error == "raise":
                             raise
-                        outcome.failed += 1
-                        reason = self.record_error(folder, question, name, run, exc)
-                        outcome.first_error = outcome.first_error or f"question {question.question_id}: {reason}"
+                        for question in group:
+                            outcome.failed += 1
+                            reason = self.record_error(folder, question, name, run, exc)
+                            outcome.first_error = outcome.first_error or f"question {question.question_id}: {reason}"
+                        bar.update(len(group))
                         continue
-                    record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
-                    record[EXTRA_KEY].update(method=name, run=run)
-                    writer.write(record)
-                    outcome.written += 1
-                    tokens += sum(record["choices"][0]["new_tokens"])
-                    seconds += sum(record["choices"][0]["wall_time"])
+                    for record in records:
+                        record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
+                        record[EXTRA_KEY].update(method=name, run=run)
+                        writer.write(record)
+                        outcome.written += 1
+                        tokens += sum(record["choices"][0]["new_tokens"])
+                        seconds += sum(record["choices"][0]["wall_time"])
+                    bar.update(len(group))
                     bar.set_postfix_str(f"{tokens / seconds:.1f} tok/s")
             if self.interrupted():
                 raise KeyboardInterrupt
@@ -318,15 +342,10 @@ class Session:
 
     def answer(self, method: Method, question: data.Question) -> dict[str, Any]:
         """Generate every turn of one question; returns the upstream-format record."""
-        tok = self.target.tokenizer
         torch.manual_seed(int(self.cfg.seed))  # upstream: torch.manual_seed(choice index)
-        texts: list[str] = []
-        choice: dict[str, list[Any]] = {k: [] for k in ("turns", "decoding_steps", "new_tokens", "wall_time")}
-        accept: list[int] = []
-        extra_keys = ("output_ids", "prompt_tokens", "prefill_time", "sections", "stats", "max_new_tokens")
-        extra: dict[str, list[Any]] = {k: [] for k in extra_keys}
+        answer = Answer(question)
         for j in range(len(question.turns)):
-            ids = prompt_ids(self.cfg.model.template, tok, question.turns[: j + 1], texts)
+            ids = self.prompt(question, j, answer.texts)
             stop = self.stop_for(len(ids))
             input_ids = torch.tensor([ids], device=self.target.device)
             self.timer.start()
@@ -334,26 +353,41 @@ class Session:
             self.timer.mark("prefill")
             result = method.decode(state, self.sampling, stop, self.timer)
             timing = self.timer.stop()
-            if len(result.tokens) != 1 + sum(result.accept_lengths):
-                raise RuntimeError(f"{type(method).__name__} returned tokens that its accept_lengths do not add up to")
-            texts.append(self.answer_text(result.tokens))
-            choice["turns"].append(texts[-1])
-            choice["decoding_steps"].append(len(result.accept_lengths))
-            choice["new_tokens"].append(len(result.tokens))
-            choice["wall_time"].append(timing.total)
-            accept.extend(result.accept_lengths)
-            extra["output_ids"].append(result.tokens)
-            extra["prompt_tokens"].append(len(ids))
-            extra["prefill_time"].append(timing.marks["prefill"] if method.splits_prefill else None)
-            extra["sections"].append(timing.sections)
-            extra["stats"].append(result.stats)
-            extra["max_new_tokens"].append(stop.max_new_tokens)
-        return {
-            "question_id": question.question_id,
-            "category": question.category,
-            "choices": [{"index": 0, **choice, "accept_lengths": accept}],
-            EXTRA_KEY: {"subtask": question.subtask, **extra},
-        }
+            check_result(method, result)
+            prefill = timing.marks["prefill"] if method.splits_prefill else None
+            answer.texts.append(self.answer_text(result.tokens))
+            answer.add_turn(ids, stop, result, timing.total, prefill, timing.sections)
+        return answer.record()
+
+    def answer_batch(self, method: Method, questions: list[data.Question], batch_id: int) -> list[dict[str, Any]]:
+        """Generate the questions with `batch_size` rows decoded together.
+
+        continuous (`batch_mode`): one timed sequence for all of them; a row that stops frees its
+        slot for the next prompt waiting, and a finished first turn queues the question's next
+        turn (its prompt built from its own answer). static: turn by turn, each turn's prompts
+        one batch (so second turns are batched with second turns), one timed sequence per turn.
+
+        An answer's wall_time (and prefill time, sections) is its share of its sequence's, in
+        proportion to its tokens: summed over answers they give the sequence's time, and tokens
+        / seconds is the batch's throughput. `extra.batch` keeps, per turn, the sequence's own
+        numbers and when the turn was queued and finished (its latency is the difference)."""
+        torch.manual_seed(int(self.cfg.seed))
+        answers = [Answer(q) for q in questions]
+        continuous = self.cfg.batch_mode == "continuous"
+        for turn in [None] if continuous else range(max(len(q.turns) for q in questions)):
+            queue = TurnQueue(self, method, follow_up=continuous)
+            self.timer.start()
+            for answer in answers:
+                if turn is None or len(answer.question.turns) > turn:
+                    queue.add(answer, turn or 0, at_start=True)
+            method.generate_batch(queue, self.batch_size, self.sampling, self.timer)
+            timing = self.timer.stop()
+            queue.settle(timing, {"id": batch_id, "size": self.batch_size, "mode": str(self.cfg.batch_mode),
+                                  "questions": len(questions)})
+        return [a.record() for a in answers]
+
+    def prompt(self, question: data.Question, turn: int, texts: list[str]) -> list[int]:
+        return prompt_ids(self.cfg.model.template, self.target.tokenizer, question.turns[: turn + 1], texts)
 
     def stop_for(self, prompt_tokens: int) -> StopCriteria:
         """The stop rules of one turn: max_new_tokens, cut to what the context leaves after the
@@ -374,6 +408,103 @@ class Session:
             if stop in text:
                 text = text[: text.index(stop)]
         return text.strip()
+
+
+def check_result(method: Method, result: GenerationResult) -> None:
+    if len(result.tokens) != 1 + sum(result.accept_lengths):
+        raise RuntimeError(f"{type(method).__name__} returned tokens that its accept_lengths do not add up to")
+
+
+class TurnQueue(Requests):
+    """The runner's side of a batched method call: the prompts waiting and what came back.
+
+    The clock belongs to the runner: it marks when each prompt was queued and when its answer
+    came back on the method's timer, and `settle` turns the finished turns into answer records."""
+
+    def __init__(self, session: Session, method: Method, follow_up: bool) -> None:
+        self.session, self.method, self.follow_up = session, method, follow_up
+        self.waiting: deque[Request] = deque()
+        self.done: list[tuple[Request, GenerationResult]] = []
+        self.queued_at_start: set[str] = set()
+
+    @staticmethod
+    def label(answer: Answer, turn: int) -> str:
+        return f"{answer.question.question_id}/{turn}"
+
+    def add(self, answer: Answer, turn: int, at_start: bool = False) -> None:
+        session = self.session
+        ids = session.prompt(answer.question, turn, answer.texts)
+        stop = session.stop_for(len(ids))
+        key = (answer, turn, ids)
+        self.waiting.append(Request(key, torch.tensor([ids], device=session.target.device), stop))
+        if at_start:
+            self.queued_at_start.add(self.label(answer, turn))
+        else:
+            session.timer.mark(f"queued {self.label(answer, turn)}")
+
+    def pop(self) -> Request | None:
+        return self.waiting.popleft() if self.waiting else None
+
+    def finished(self, request: Request, result: GenerationResult) -> None:
+        answer, turn, _ = request.key
+        self.session.timer.mark(f"done {self.label(answer, turn)}")
+        check_result(self.method, result)
+        answer.texts.append(self.session.answer_text(result.tokens))
+        self.done.append((request, result))
+        if self.follow_up and len(answer.question.turns) > turn + 1:
+            self.add(answer, turn + 1)
+
+    def settle(self, timing: Timing, batch: dict[str, Any]) -> None:
+        if self.waiting:
+            raise RuntimeError(f"the method left {len(self.waiting)} prompt(s) of the batch unanswered")
+        tokens = sum(len(result.tokens) for _, result in self.done)
+        sections = dict(timing.sections)
+        prefill = sections.pop("prefill", 0.0)
+        info = {**batch, "wall_time": timing.total, "tokens": tokens, "prefill_time": prefill}
+        for request, result in sorted(self.done, key=lambda d: d[0].key[1]):  # each answer's turns in order
+            answer, turn, ids = request.key
+            label = self.label(answer, turn)
+            share = len(result.tokens) / tokens
+            queued = 0.0 if label in self.queued_at_start else timing.marks[f"queued {label}"]
+            answer.add_turn(ids, request.stop, result, timing.total * share, prefill * share,
+                            {k: v * share for k, v in sections.items()})
+            answer.extra.setdefault("batch", []).append(
+                {**info, "queued": queued, "finished": timing.marks[f"done {label}"],
+                 "latency": timing.marks[f"done {label}"] - queued})
+
+
+class Answer:
+    """One question's answer record (upstream format plus our extras), built turn by turn."""
+
+    EXTRA_KEYS = ("output_ids", "prompt_tokens", "prefill_time", "sections", "stats", "max_new_tokens")
+
+    def __init__(self, question: data.Question) -> None:
+        self.question = question
+        self.texts: list[str] = []
+        self.choice: dict[str, list[Any]] = {k: [] for k in ("turns", "decoding_steps", "new_tokens", "wall_time")}
+        self.accept: list[int] = []
+        self.extra: dict[str, list[Any]] = {k: [] for k in self.EXTRA_KEYS}
+
+    def add_turn(self, ids: list[int], stop: StopCriteria, result: GenerationResult, seconds: float,
+                 prefill: float | None, sections: dict[str, float]) -> None:
+        """Record a turn whose text is already the last of `texts`."""
+        self.choice["turns"].append(self.texts[len(self.choice["turns"])])
+        self.choice["decoding_steps"].append(len(result.accept_lengths))
+        self.choice["new_tokens"].append(len(result.tokens))
+        self.choice["wall_time"].append(seconds)
+        self.accept.extend(result.accept_lengths)
+        for key, value in zip(self.EXTRA_KEYS, (result.tokens, len(ids), prefill, sections, result.stats,
+                                                stop.max_new_tokens), strict=True):
+            self.extra[key].append(value)
+
+    def record(self) -> dict[str, Any]:
+        q = self.question
+        return {
+            "question_id": q.question_id,
+            "category": q.category,
+            "choices": [{"index": 0, **self.choice, "accept_lengths": self.accept}],
+            EXTRA_KEY: {"subtask": q.subtask, **self.extra},
+        }
 
 
 def run(cfg: DictConfig) -> Session:

@@ -1,0 +1,80 @@
+"""Numbers across batch sizes: throughput, speedup at the same batch size, latency, memory.
+
+Definitions (per method and batch size B, over every answer of its runs):
+- throughput = all new tokens / all wall time. A batched answer's wall_time is its share of its
+  batch's time (in proportion to its tokens, see run.session.answer_batch), so the sum over
+  answers is the time of the batches: this is tokens per second of the whole batch;
+- speedup at B = the method's throughput / the baseline's throughput at the same B;
+- latency of a question = the time from its batch's start until its row stopped (`extra.batch`
+  `latency`), summed over its turns; at B = 1 simply its wall time;
+- #mean accepted tokens per row-step = tokens emitted in decoding / target steps of that row
+  (as at batch size 1: the batch's forward counts once per live row);
+- peak memory: the run's measured peak (meta `memory`, largest over runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specbench.analysis.runs import BASELINE, Group, Run, method_memory
+from specbench.core.answers import EXTRA_KEY
+
+
+@dataclass
+class BatchPoint:
+    """One method at one batch size."""
+
+    method: str
+    batch: int
+    questions: int
+    throughput: float  # tokens / s of the whole batch
+    speedup: float | None  # throughput / the baseline's at the same batch size
+    latency: float  # mean per-question latency, s
+    latency_p90: float
+    mean_accepted: float  # tokens per row-step
+    peak_bytes: int | None
+
+
+def _latency(record: dict[str, Any]) -> float:
+    batches = (record.get(EXTRA_KEY) or {}).get("batch")
+    if isinstance(batches, list) and batches:
+        return float(sum(b.get("latency", 0.0) for b in batches if isinstance(b, dict)))
+    return float(sum(record["choices"][0]["wall_time"]))
+
+
+def _point(method: str, batch: int, runs: list[Run]) -> BatchPoint:
+    records = [r for run in runs for r in run.records]
+    tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in records)
+    seconds = sum(sum(r["choices"][0]["wall_time"]) for r in records)
+    accepts = [a for r in records for a in r["choices"][0].get("accept_lengths", [])]
+    latencies = sorted(_latency(r) for r in records)
+    memory = method_memory(runs) or {}
+    return BatchPoint(
+        method, batch, len({r["question_id"] for r in records}), tokens / seconds if seconds else 0.0, None,
+        sum(latencies) / len(latencies) if latencies else 0.0,
+        latencies[min(len(latencies) - 1, int(0.9 * len(latencies)))] if latencies else 0.0,
+        sum(accepts) / len(accepts) if accepts else 0.0, memory.get("peak_bytes"),
+    )
+
+
+def batch_points(groups: list[Group]) -> dict[tuple[str, str, float], list[BatchPoint]]:
+    """For each (dataset, model, temperature) with more than one batch size: a point per method
+    and batch size (methods with answers at that size), sorted by method then batch size."""
+    by_key: dict[tuple[str, str, float], list[Group]] = {}
+    for group in groups:
+        by_key.setdefault((group.dataset, group.model, group.temperature), []).append(group)
+    out: dict[tuple[str, str, float], list[BatchPoint]] = {}
+    for key, same in by_key.items():
+        if len({g.batch for g in same}) < 2:
+            continue
+        points = []
+        for group in same:
+            here = {name: _point(name, group.batch, [r for r in runs if r.records])
+                    for name, runs in group.methods.items() if any(r.records for r in runs)}
+            base = here.get(BASELINE)
+            for point in here.values():
+                point.speedup = point.throughput / base.throughput if base and base.throughput else None
+            points += here.values()
+        out[key] = sorted(points, key=lambda p: (p.method != BASELINE, p.method, p.batch))
+    return out

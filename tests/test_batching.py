@@ -1,0 +1,239 @@
+"""Batched decoding: batch_size > 1 through the engine, the runner and the report.
+
+Greedy: every row of a batch (static or continuous, any number of slots) emits exactly what the
+same method emits one sequence at a time, with drafters built to break things (random chains,
+multi-branch trees, aux rows) and real methods. Sampling: the first tokens of batched rows
+follow the target's distribution (chi-square, as in test_lossless). The runner: answers,
+timing shares and batch records; batch size 1 unchanged; refusals with one-line errors. The
+report: a table per batch size, the batch-size table and figure, the audit against batch 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_lossless import (
+    EMPTY,
+    GREEDY,
+    PROMPTS,
+    VOCAB,
+    RandomChainDrafter,
+    RandomTreeDrafter,
+    accept_everything,
+    baseline_tokens,
+    chi_square_p,
+    exact_first_three,
+    long_continuation,
+    method_cfg,
+    prompt_of,
+    run,
+    tiny_vocab_model,
+)
+from transformers.cache_utils import DynamicLayer
+
+from helpers import cli, write_questions
+from specbench.core.answers import EXTRA_KEY, read_answers
+from specbench.core.sampling import SamplingParams, probs_from_logits
+from specbench.core.stopping import StopCriteria
+from specbench.core.timing import CpuTimer
+from specbench.engine import SpeculativeMethod
+from specbench.engine.api import Prefilled, Request, RequestList
+from specbench.methods.sps import SpsDrafter
+from specbench.models import GrowingLayer, LoadedModel, load_model
+from specbench.run.registry import build_method
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ARCHS = ["llama", "qwen2"]
+
+
+@pytest.fixture(scope="module")
+def targets(tiny_models) -> dict[str, LoadedModel]:
+    return {arch: load_model(str(tiny_models[arch]), device=torch.device("cpu"), dtype=torch.float32)
+            for arch in ARCHS}
+
+MORE_PROMPTS = [*PROMPTS, ["tom has 3 boxes with 12 apples each so how many apples"], ["hi"],
+                ["translate the sentence into another language please", "and summarize it"]]
+
+
+def generate_batch(method, prompts: list[torch.Tensor], stops: list[StopCriteria], slots: int,
+                   sampling: SamplingParams = GREEDY) -> list:
+    requests = RequestList([Request(i, p, s) for i, (p, s) in enumerate(zip(prompts, stops, strict=True))])
+    method.generate_batch(requests, slots, sampling, CpuTimer())
+    assert sorted(requests.results) == list(range(len(prompts)))
+    results = [requests.results[i] for i in range(len(prompts))]
+    for result in results:
+        assert len(result.tokens) == 1 + sum(result.accept_lengths) and all(a >= 1 for a in result.accept_lengths)
+    return results
+
+
+class TableTreeDrafter(RandomTreeDrafter):
+    """RandomTreeDrafter whose continuation is looked up by prompt in `begin`: per row, since each
+    row of a batch has its own prompt."""
+
+    def __init__(self, table: dict[tuple[int, ...], list[int]], seed: int = 0) -> None:
+        super().__init__([], seed)
+        self.table = table
+
+    def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
+        self.continuation = self.table[tuple(state.input_ids[0].tolist())]
+
+
+def check_rows(method, target: LoadedModel, slots: int, lengths=(1, 9, 30)) -> None:
+    """Every prompt x max_new_tokens as one row of one batched call, equal to the one-at-a-time answer."""
+    prompts, stops = [], []
+    for turns in MORE_PROMPTS:
+        for max_new in lengths:
+            prompts.append(prompt_of(target, turns))
+            stops.append(StopCriteria.build(target.eos_ids, max_new))
+    for prompt, stop, result in zip(prompts, stops, generate_batch(method, prompts, stops, slots), strict=True):
+        assert result.tokens == baseline_tokens(target, prompt, stop)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("slots", [1, 3, 18])  # 18: every row at once (a static batch)
+def test_batched_rows_equal_unbatched_answers(targets, arch, slots):
+    target = targets[arch]
+    table = {tuple(prompt_of(target, t)[0].tolist()): long_continuation(target, prompt_of(target, t), 40)
+             for t in MORE_PROMPTS}
+    for drafter in (RandomChainDrafter(int(target.model.config.vocab_size)), TableTreeDrafter(table)):
+        check_rows(SpeculativeMethod(target, EMPTY, EMPTY, drafter=drafter), target, slots)
+    check_rows(build_method(method_cfg("baseline"), target, EMPTY), target, slots)
+
+
+@pytest.mark.parametrize("name", ["pld", "lookahead", "jacobi", "recycling", "samd"])
+def test_training_free_methods_batch_losslessly(targets, name):
+    target = targets["llama"]
+    method = build_method(method_cfg(name), target, EMPTY)
+    check_rows(method, target, slots=4)
+    # the same method one sequence at a time after a batched call: forks left the original alone
+    for turns in PROMPTS:
+        stop = StopCriteria.build(target.eos_ids, 12)
+        assert run(method, prompt_of(target, turns), stop).tokens == baseline_tokens(target, prompt_of(target, turns),
+                                                                                     stop)
+
+
+@pytest.mark.parametrize("name", ["self_spec", "hf_pld"])
+def test_methods_that_cannot_batch_say_why(targets, name):
+    method = build_method(method_cfg(name), targets["llama"], EMPTY)
+    assert method.batch_problem
+    with pytest.raises(Exception, match="cannot decode batches"):
+        generate_batch(method, [prompt_of(targets["llama"], PROMPTS[0])], [StopCriteria.build((), 4)], 2)
+
+
+@pytest.mark.parametrize("biased", [False, True])
+def test_sampled_batched_rows_follow_the_target(biased):
+    target, draft = tiny_vocab_model(0), tiny_vocab_model(1)
+    params = SamplingParams(temperature=1.0)
+    method = SpeculativeMethod(target, EMPTY, EMPTY, drafter=SpsDrafter(draft, num_tokens=3, vocab_size=VOCAB))
+    if biased:  # the failing condition: a verifier that accepts every draft token
+        method.verify_step = lambda tree, logits, s: accept_everything(tree, probs_from_logits(logits, s))
+    prompt = [1, 3, 2]
+    torch.manual_seed(0)
+    draws = 1200
+    results = generate_batch(method, [torch.tensor([prompt])] * draws, [StopCriteria.build((), 4)] * draws, 8, params)
+    counts = torch.zeros(VOCAB, VOCAB, VOCAB)
+    for result in results:
+        counts[tuple(result.tokens[:3])] += 1
+    p = chi_square_p(counts, exact_first_three(target, prompt, params))
+    assert p < 1e-6 if biased else p > 1e-3
+
+
+def test_growing_layer_behaves_like_a_dynamic_layer():
+    torch.manual_seed(0)
+    grow, plain = GrowingLayer(), DynamicLayer()
+    for step in (5, 1, 70, 2, 300):
+        k, v = torch.randn(3, 2, step, 4), torch.randn(3, 2, step, 4)
+        for a, b in zip(grow.update(k, v), plain.update(k, v), strict=True):
+            assert torch.equal(a, b)
+    for layer in (grow, plain):
+        layer.crop(-7)
+        layer.keys[:, :, 10:12] = layer.keys[:, :, 20:22]  # in place through the view
+        layer.keys, layer.values = layer.keys[:, :, :100], layer.values[:, :, :100]
+        layer.batch_select_indices(torch.tensor([2, 0]))
+    assert grow.get_seq_length() == plain.get_seq_length() == 100
+    assert torch.equal(grow.keys, plain.keys) and torch.equal(grow.values, plain.values)
+    grow.extend(120)
+    assert grow.get_seq_length() == 120 and not grow.keys[:, :, 100:].any()
+
+
+# --- the runner and the report ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def batched_runs(tiny_models, tmp_path_factory):
+    """Answers of model=local at batch sizes 1 and 3 (continuous) and 2 (static), baseline and pld."""
+    root = tmp_path_factory.mktemp("batched")
+    questions = write_questions(root / "q.jsonl", per_category=2)
+    out = root / "results"
+    common = ["model=local", f"model.path={tiny_models['llama']}", "dataset=spec_bench", f"dataset.path={questions}",
+              f"output_dir={out}", "max_new_tokens=24", "warmup=0", "progress=false", "task=all"]
+    for extra in (["batch_size=1"], ["batch_size=3"], ["batch_size=2", "batch_mode=static"]):
+        done = cli("run", "method=pld", *extra, *common, cwd=root)
+        assert done.code == 0, done
+    return root, out, common
+
+
+def answers(out, method: str, batch: int) -> list[dict]:
+    level = f"batch-{batch}/" if batch > 1 else ""
+    return read_answers(out / "spec_bench" / "local" / method / "temp-0" / f"{level}run-1" / "answers.jsonl")
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_batched_answers_equal_batch_one_and_record_their_batch(batched_runs, batch):
+    _, out, _ = batched_runs
+    for method in ("baseline", "pld"):
+        single = {r["question_id"]: r for r in answers(out, method, 1)}
+        batched = answers(out, method, batch)
+        assert sorted(r["question_id"] for r in batched) == sorted(single)
+        sequences: dict[tuple, list] = {}
+        for record in batched:
+            extra = record[EXTRA_KEY]
+            assert extra["output_ids"] == single[record["question_id"]][EXTRA_KEY]["output_ids"]
+            assert len(extra["batch"]) == len(record["choices"][0]["turns"])
+            for turn, info in enumerate(extra["batch"]):
+                assert info["size"] == batch and 0 <= info["queued"] <= info["finished"] <= info["wall_time"]
+                assert info["latency"] == pytest.approx(info["finished"] - info["queued"])
+                sequences.setdefault((info["id"], info["wall_time"]), []).append(
+                    (record["choices"][0]["wall_time"][turn], record["choices"][0]["new_tokens"][turn], info))
+        for (_, wall), rows in sequences.items():  # shares add up to the sequence's time and tokens
+            assert sum(r[0] for r in rows) == pytest.approx(wall)
+            assert sum(r[1] for r in rows) == rows[0][2]["tokens"]
+    static = [info for r in answers(out, "pld", 2) for info in r[EXTRA_KEY]["batch"]]
+    assert {i["mode"] for i in static} == {"static"} and max(i["questions"] for i in static) == 2
+    assert all("batch" not in r[EXTRA_KEY] for r in answers(out, "pld", 1))  # batch size 1 as before
+
+
+def test_report_adds_the_batch_table_and_figure_and_audits_against_batch_one(batched_runs):
+    root, out, _ = batched_runs
+    done = cli("report", str(out), "--out", str(root / "board"), cwd=root)
+    assert done.code == 0, done
+    assert "Batch sizes: spec_bench / local / temperature 0" in done.out
+    for name in ("spec_bench-local-batch.md", "spec_bench-local-batch.csv", "spec_bench-local-batch.png",
+                 "spec_bench-local-batch.svg", "spec_bench-local-batch-3.md", "spec_bench-local-batch-2.md"):
+        assert (root / "board" / name).is_file(), name
+    rows = (root / "board" / "spec_bench-local-batch.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 3  # baseline and pld at 1, 2, 3
+    table = (root / "board" / "spec_bench-local-batch-3.md").read_text()
+    line = next(row for row in table.splitlines() if row.startswith("| pld ") and "equal" in row)
+    assert "14/14 equal" in line  # 14 questions, compared with the batch-1 baseline
+    assert "Speedup and throughput against batch size" in (root / "board" / "index.html").read_text()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["method=self_spec", "batch_size=2"], "method 'self_spec' cannot run batched: it drafts through the target"),
+    (["batch_size=0"], "batch_size must be a positive integer"),
+    (["batch_size=2", "batch_mode=dynamic"], "batch_mode must be one of continuous, static"),
+    (["batch_size=2", "batch_queue=0"], "batch_queue must be a positive integer"),
+])
+def test_bad_batch_settings_get_one_line_errors(batched_runs, extra, message):
+    root, _, common = batched_runs
+    done = cli("run", *common, *extra, "baseline=false", cwd=root)
+    assert done.code != 0 and message in done.err, done
+    assert len([line for line in done.err.strip().splitlines() if line.startswith("error")]) == 1
+
+
+def test_the_batch_sweep_preset_lists_the_sizes():
+    from specbench.core.resources import CONFIG_DIR
+
+    assert "batch_size: 1,2,4,8,16" in (CONFIG_DIR / "sweep" / "batch.yaml").read_text()
