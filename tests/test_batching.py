@@ -192,8 +192,9 @@ def test_batched_answers_equal_batch_one_and_record_their_batch(batched_runs, ba
             assert extra["output_ids"] == single[record["question_id"]][EXTRA_KEY]["output_ids"]
             assert len(extra["batch"]) == len(record["choices"][0]["turns"])
             for turn, info in enumerate(extra["batch"]):
-                assert info["size"] == batch and 0 <= info["queued"] <= info["finished"] <= info["wall_time"]
-                assert info["latency"] == pytest.approx(info["finished"] - info["queued"])
+                assert info["size"] == batch
+                assert 0 <= info["queued"] <= info["admitted"] <= info["finished"] <= info["wall_time"]
+                assert info["latency"] == pytest.approx(info["finished"] - info["admitted"])
                 sequences.setdefault((info["id"], info["wall_time"]), []).append(
                     (record["choices"][0]["wall_time"][turn], record["choices"][0]["new_tokens"][turn], info))
         for (_, wall), rows in sequences.items():  # shares add up to the sequence's time and tokens

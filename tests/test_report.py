@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from helpers import assert_one_line_error, cli, specbench
+from helpers import assert_one_line_error, cli
 from specbench.analysis import frame, report
 from specbench.analysis.runs import Run
 from specbench.core.answers import AnswerWriter, read_answers, run_dir, write_meta
@@ -111,9 +111,10 @@ def test_missing_baseline_is_named_and_others_still_reported(tmp_path):
     write_run(root, "baseline", base_records())
     write_run(root, "fast", base_records(0.5))
     write_run(root, "orphan", base_records(), temperature=0.7)
-    proc = specbench("report", str(root), "--out", str(tmp_path / "lb"), cwd=tmp_path, check=True)
-    assert "no baseline answers" in proc.stderr and "temperature 0.7" in proc.stderr
-    assert "| fast " in proc.stdout and "2.00x" in proc.stdout
+    proc = cli("report", str(root), "--out", str(tmp_path / "lb"), cwd=tmp_path)
+    assert proc.code == 0, proc
+    assert "no baseline answers" in proc.err and "temperature 0.7" in proc.err
+    assert "| fast " in proc.out and "2.00x" in proc.out
     md = (tmp_path / "lb" / "synthetic-tiny.md").read_text()
     assert "Multi-turn Conversation" in md and "#Mean Accepted Tokens" in md and "device=cpu" in md
     assert (tmp_path / "lb" / "synthetic-tiny.csv").read_text().startswith("method,runs,mt_bench_speedup")
@@ -161,13 +162,13 @@ def test_check_command_exit_codes(tmp_path):
     write_run(root, "baseline", base_records())
     folder = write_run(root, "fast", [record(i, c, 10, 0.5, [2] * 5) for i, c in enumerate(CATS)])
     args = ["check", "--results", str(root), "--reference", str(tmp_path / "ref")]
-    specbench(*args, "--update", cwd=tmp_path, check=True)
-    assert specbench(*args, cwd=tmp_path).returncode == 0
+    assert cli(*args, "--update", cwd=tmp_path).code == 0
+    assert cli(*args, cwd=tmp_path).code == 0
     # make it slower: the same answers take 4x longer
     (folder / "answers.jsonl").write_text("".join(
         json.dumps(record(i, c, 10, 2.0, [2] * 5)) + "\n" for i, c in enumerate(CATS)))
-    proc = specbench(*args, cwd=tmp_path)
-    assert proc.returncode == 1 and "REGRESSED" in proc.stdout and "REGRESSION" in proc.stdout
+    proc = cli(*args, cwd=tmp_path)
+    assert proc.code == 1 and "REGRESSED" in proc.out and "REGRESSION" in proc.out
 
 
 def test_recommend_respects_constraints(tmp_path):
@@ -175,15 +176,12 @@ def test_recommend_respects_constraints(tmp_path):
     write_run(root, "baseline", base_records(), facts={"training": False})
     write_run(root, "trained", base_records(0.25), facts={"training": True})
     write_run(root, "free", base_records(0.5), facts={"training": False})
-    proc = specbench("recommend", "--memory-gb", "1", "--training", "no", "--results", str(root), cwd=tmp_path,
-                     check=True)
-    assert "Recommendation: free" in proc.stdout and "2.00x" in proc.stdout
-    proc = specbench("recommend", "--memory-gb", "1", "--training", "yes", "--results", str(root), cwd=tmp_path,
-                     check=True)
-    assert "Recommendation: trained" in proc.stdout
-    proc = specbench("recommend", "--memory-gb", "0.000001", "--training", "yes", "--results", str(root),
-                     cwd=tmp_path)
-    assert proc.returncode == 1 and "too large" in proc.stdout
+    proc = cli("recommend", "--memory-gb", "1", "--training", "no", "--results", str(root), cwd=tmp_path)
+    assert proc.code == 0 and "Recommendation: free" in proc.out and "2.00x" in proc.out, proc
+    proc = cli("recommend", "--memory-gb", "1", "--training", "yes", "--results", str(root), cwd=tmp_path)
+    assert proc.code == 0 and "Recommendation: trained" in proc.out, proc
+    proc = cli("recommend", "--memory-gb", "0.000001", "--training", "yes", "--results", str(root), cwd=tmp_path)
+    assert proc.code == 1 and "too large" in proc.out
 
 
 def test_answer_line_that_is_not_an_object_is_named(tmp_path):

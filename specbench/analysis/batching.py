@@ -5,8 +5,9 @@ Definitions (per method and batch size B, over every answer of its runs):
   batch's time (in proportion to its tokens, see run.session.answer_batch), so the sum over
   answers is the time of the batches: this is tokens per second of the whole batch;
 - speedup at B = the method's throughput / the baseline's throughput at the same B;
-- latency of a question = the time from its batch's start until its row stopped (`extra.batch`
-  `latency`), summed over its turns; at B = 1 simply its wall time;
+- latency of a question = the time from its admission into a row of the batch (its prefill)
+  until its row stopped (`extra.batch` `latency`; time waiting in the queue before is not in it),
+  summed over its turns; at B = 1 simply its wall time;
 - #mean accepted tokens per row-step = tokens emitted in decoding / target steps of that row
   (as at batch size 1: the batch's forward counts once per live row);
 - peak memory: the run's measured peak (meta `memory`, largest over runs).

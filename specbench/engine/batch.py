@@ -6,8 +6,9 @@ valid entries are the first `lengths[b]` positions of its tensors; what lies bet
 from row b by the mask. A step appends the rows' blocks (root, nodes, aux, padded to the
 longest block) after the common length, with a 4D additive mask per row (its own past, its
 tree pattern, nothing else) and per-row position ids; then each row's accepted entries are
-gathered to its own length (`compact_rows`). A row that stops is dropped from the batch
-(`Cache.batch_select_indices`), so finished rows cost nothing afterwards.
+gathered to its own length (`compact_rows`). A row that stops frees its slot: the next prompt
+waiting is prefilled and copied into it (continuous batching, `place_row`); a slot nobody takes
+leaves the batch (`Cache.batch_select_indices`), so finished rows cost nothing afterwards.
 
 Every row is verified on its own logits by the same `verify` as batch 1: lossless per row.
 Padding changes the shapes of the target's matmuls, so greedy answers can differ from batch

@@ -220,9 +220,10 @@ STREAM_NOTE = (
 
 BATCH_NOTE = (
     "Throughput: all generated tokens / all wall time of the method's batches (tokens per second of the whole "
-    "batch). Speedup: the method's throughput / the baseline's at the same batch size. Latency: from the start "
-    "of a question's batch until its row stopped, summed over its turns (batch size 1: its wall time); mean and "
-    "90th percentile over questions. #Mean accepted: tokens emitted per target step of a row. Peak memory: the "
+    "batch). Speedup: the method's throughput / the baseline's at the same batch size. Latency: from a "
+    "question's admission into a row of the batch (its prefill) until its row stopped, summed over its turns "
+    "(batch size 1: its wall time; waiting in the queue is not counted); mean and 90th percentile over questions. "
+    "#Mean accepted: tokens emitted per target step of a row. Peak memory: the "
     "run's measured peak (the target's weights included)."
 )
 

@@ -370,7 +370,8 @@ class Session:
         An answer's wall_time (and prefill time, sections) is its share of its sequence's, in
         proportion to its tokens: summed over answers they give the sequence's time, and tokens
         / seconds is the batch's throughput. `extra.batch` keeps, per turn, the sequence's own
-        numbers and when the turn was queued and finished (its latency is the difference)."""
+        numbers and when the turn was queued, admitted into a row and finished (seconds from the
+        sequence's start); its latency is finished - admitted (the wait before is queueing)."""
         torch.manual_seed(int(self.cfg.seed))
         answers = [Answer(q) for q in questions]
         continuous = self.cfg.batch_mode == "continuous"
@@ -443,7 +444,12 @@ class TurnQueue(Requests):
             session.timer.mark(f"queued {self.label(answer, turn)}")
 
     def pop(self) -> Request | None:
-        return self.waiting.popleft() if self.waiting else None
+        if not self.waiting:
+            return None
+        request = self.waiting.popleft()
+        answer, turn, _ = request.key
+        self.session.timer.mark(f"admitted {self.label(answer, turn)}")  # the method takes it into a row now
+        return request
 
     def finished(self, request: Request, result: GenerationResult) -> None:
         answer, turn, _ = request.key
@@ -468,9 +474,9 @@ class TurnQueue(Requests):
             queued = 0.0 if label in self.queued_at_start else timing.marks[f"queued {label}"]
             answer.add_turn(ids, request.stop, result, timing.total * share, prefill * share,
                             {k: v * share for k, v in sections.items()})
+            admitted, finished = timing.marks[f"admitted {label}"], timing.marks[f"done {label}"]
             answer.extra.setdefault("batch", []).append(
-                {**info, "queued": queued, "finished": timing.marks[f"done {label}"],
-                 "latency": timing.marks[f"done {label}"] - queued})
+                {**info, "queued": queued, "admitted": admitted, "finished": finished, "latency": finished - admitted})
 
 
 class Answer:
