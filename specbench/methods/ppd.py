@@ -30,7 +30,7 @@ from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.exit import ExitHead, load_exit_head
 from specbench.methods.medusa import target_dims
-from specbench.methods.self_spec import LayerSkipper, decoder_blocks
+from specbench.methods.self_spec import SHARED_CACHE_BATCH_PROBLEM, LayerSkipper, decoder_blocks
 
 
 @dataclass
@@ -73,8 +73,7 @@ class Ppd(SpeculativeMethod):
     """`method=ppd`: the exit head of `method.head` (default the zoo's, for model=tiny)."""
 
     Settings = PpdSettings
-    batch_problem = ("it drafts through the target's own KV cache with layers skipped, and the batched engine's "
-                     "one padded cache for all rows has no per-row view for that")
+    batch_problem = SHARED_CACHE_BATCH_PROBLEM
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -284,6 +284,11 @@ class LayerSkipper:
         return None
 
 
+#: why methods that draft through the target's own cache (self_spec, ppd) cannot run batched
+SHARED_CACHE_BATCH_PROBLEM = ("it drafts through the target's own KV cache with layers skipped, and the batched "
+                              "engine's one padded cache for all rows has no per-row view for that")
+
+
 class SelfSpecDrafter(Drafter):
     """A chain from the layer-skipped target with Draft & Verify's adaptive confidence stop."""
 
@@ -439,8 +444,7 @@ class SelfSpec(SpeculativeMethod):
     """`method=self_spec`."""
 
     Settings = SelfSpecSettings
-    batch_problem = ("it drafts through the target's own KV cache with layers skipped, and the batched engine's "
-                     "one padded cache for all rows has no per-row view for that")
+    batch_problem = SHARED_CACHE_BATCH_PROBLEM
 
     def build_drafter(self) -> Drafter:
         s = self.settings
