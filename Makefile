@@ -16,7 +16,7 @@ BENCH_ARGS ?= task=all limit=10
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench leaderboard leaderboard-batch check test zoo data synth lint
+.PHONY: install bench leaderboard leaderboard-batch leaderboard-budget check test zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ SWEEP_ARGS ?= task=all limit=10
 # others, not taken from the 480-question run) and its own report under results/leaderboard/batching.
 BATCH_ANSWERS ?= results/answers-batching
 BATCH_ARGS ?= task=all limit=10
+# `make leaderboard-budget`: every speculative method of the `leaderboard` suite with its draft budget on
+# (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), the two
+# back to back per method on BUDGET_ARGS' questions, in their own answers folder, and the report with the
+# "auto against fixed" table under results/leaderboard/budget.
+BUDGET_ANSWERS ?= results/answers-budget
+BUDGET_ARGS ?= task=all limit=10
 BENCH_OUT ?= results/bench
 
 leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 1 run, and the temperature sweep
@@ -58,7 +64,14 @@ leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 
 	$(PY) -m specbench -m run method=$$methods temperature=$(SWEEP_TEMPS) $(SWEEP_ARGS) \
 	    output_dir=$(LEADERBOARD_ANSWERS)
 	$(PY) -m specbench report $(LEADERBOARD_ANSWERS) --out $(LEADERBOARD_OUT)
+	$(MAKE) --no-print-directory leaderboard-budget
 	$(MAKE) --no-print-directory leaderboard-batch
+
+leaderboard-budget: install  ## draft budgets side by side: each speculative method with budget=auto and =fixed, then the report
+	$(PY) -m specbench zoo build
+	methods="$$($(PY) -m specbench methods --names --suite leaderboard | tr ',' '\n' | grep -vx baseline | paste -sd,)" && \
+	$(PY) -m specbench -m run method=$$methods ++method.budget=auto,fixed $(BUDGET_ARGS) output_dir=$(BUDGET_ANSWERS)
+	$(PY) -m specbench report $(BUDGET_ANSWERS) --out $(LEADERBOARD_OUT)/budget
 
 leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report
 	$(PY) -m specbench zoo build

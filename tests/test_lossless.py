@@ -113,7 +113,8 @@ def assert_matches_baseline(method, target: LoadedModel, lengths=LENGTHS) -> lis
 @pytest.mark.parametrize("draft", ["self", "noisy", "cross"])
 def test_sps_greedy_equals_baseline(targets, drafts, arch, draft):
     target = targets[arch]
-    method = build_method(method_cfg("sps", draft=str(drafts[arch][draft])), target, EMPTY)
+    # budget=fixed: the preset's K and schedule, asserted below (tests/test_budget.py: budget=auto)
+    method = build_method(method_cfg("sps", draft=str(drafts[arch][draft]), budget="fixed"), target, EMPTY)
     results = assert_matches_baseline(method, target)
     steps = [a for r in results for a in r.accept_lengths]
     if draft == "self":  # the target drafting for itself: every draft token is accepted
@@ -126,7 +127,8 @@ def test_sps_greedy_equals_baseline(targets, drafts, arch, draft):
 @pytest.mark.parametrize("schedule", ["constant", "heuristic_transient"])
 def test_sps_schedules(targets, drafts, schedule):
     target = targets["llama"]
-    cfg = method_cfg("sps", draft=str(drafts["llama"]["self"]), num_speculative_tokens=3, schedule=schedule)
+    cfg = method_cfg("sps", draft=str(drafts["llama"]["self"]), num_speculative_tokens=3, schedule=schedule,
+                     budget="fixed")  # the schedules are what budget=fixed runs
     method = build_method(cfg, target, EMPTY)
     input_ids = prompt_of(target, PROMPTS[1])
     stop = StopCriteria.build(target.eos_ids, 30)
@@ -392,8 +394,11 @@ def draft_tree(kind: str, prev: int, draft_p: torch.Tensor, depth: int) -> Draft
     return DraftTree(torch.tensor(tokens), tuple(parents), torch.stack(rows), "iid" if kind == "chain" else kind)
 
 
-def sample_first_tokens(kind: str, params: SamplingParams, verifier, draws: int, n_tokens: int = 3, seed: int = 0):
-    """Counts of the first `n_tokens` tokens of `draws` simulated generations with a bigram target."""
+def sample_first_tokens(kind: str, params: SamplingParams, verifier, draws: int, n_tokens: int = 3, seed: int = 0,
+                        depth: int = 2, shape=None):
+    """Counts of the first `n_tokens` tokens of `draws` simulated generations with a bigram target.
+    `shape(tree, prev, p_table)`, when given, changes each draft before verification (what a draft
+    budget keeps of it) and `shape.observe(tree, verdict)` hears each verdict."""
     target_logits, draft_logits = bigram_tables(seed)
     q_table, p_table = probs_from_logits(target_logits, params), probs_from_logits(draft_logits, params)
     torch.manual_seed(seed)
@@ -402,9 +407,13 @@ def sample_first_tokens(kind: str, params: SamplingParams, verifier, draws: int,
         out: list[int] = []
         prev = START
         while len(out) < n_tokens:
-            tree = draft_tree(kind, prev, p_table, depth=2)
+            tree = draft_tree(kind, prev, p_table, depth=depth)
+            if shape is not None:
+                tree = shape(tree, prev, p_table)
             rows = [prev, *tree.tokens.tolist()]  # bigram: a row's distribution depends on its own token
             verdict = verifier(tree, q_table[rows])
+            if shape is not None:
+                shape.observe(tree, verdict)
             out += [*verdict.tokens, verdict.token]
             prev = out[-1]
         counts[tuple(out[:n_tokens])] += 1

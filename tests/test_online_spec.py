@@ -82,7 +82,7 @@ def test_the_draft_learns_the_targets_outputs(pairs):
     draft (sps, the same model) the same every time."""
     target_path, draft_path = pairs["llama"]
     target = load_model(str(target_path), device=CPU, dtype=torch.float32)
-    settings = {"draft": str(draft_path), "schedule": "constant", "num_speculative_tokens": 4}
+    settings = {"draft": str(draft_path), "schedule": "constant", "num_speculative_tokens": 4, "budget": "fixed"}
     online = build_method(method_cfg("online_spec", **settings, update_every=1, steps_per_update=6, batch_turns=1,
                                      lr=3e-3), target, EMPTY)
     static = build_method(method_cfg("sps", **settings), target, EMPTY)

@@ -16,6 +16,7 @@ from specbench import datastore as ds
 from specbench.core.errors import SpecbenchError
 from specbench.core.resources import CONFIG_DIR
 from specbench.core.sampling import SamplingParams
+from specbench.engine import SpeculativeMethod
 from specbench.engine.api import COMMON_KEYS, Prefilled, parse_settings
 from specbench.methods.rest import RestSettings
 from specbench.models import load_model
@@ -23,6 +24,7 @@ from specbench.run.config import options
 from specbench.run.registry import build_method
 
 EMPTY = OmegaConf.create({})
+ENGINE_KEYS = SpeculativeMethod.engine_keys
 METHODS = options("method")
 
 
@@ -40,7 +42,12 @@ def impl_class(cfg) -> type:
 def yaml_values(name: str) -> dict:
     """The settings a method YAML file itself writes (no Hydra)."""
     raw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "method" / f"{name}.yaml"))
-    return {k: v for k, v in raw.items() if k not in (*COMMON_KEYS, "defaults")}
+    return {k: v for k, v in raw.items() if k not in (*COMMON_KEYS, *ENGINE_KEYS, "defaults")}
+
+
+def parse(schema: type, cfg, method: str = ""):
+    """parse_settings as the shared loop calls it: `budget` is the engine's key, not the method's."""
+    return parse_settings(schema, cfg, method, ENGINE_KEYS)
 
 
 def one_line_error(excinfo: pytest.ExceptionInfo) -> str:
@@ -53,9 +60,10 @@ def one_line_error(excinfo: pytest.ExceptionInfo) -> str:
 def test_every_method_yaml_fills_its_settings(name):
     cfg = composed(name)
     cls = impl_class(cfg)
-    settings = parse_settings(cls.Settings, cfg, name)
+    settings = parse(cls.Settings, cfg, name)
     assert isinstance(settings, cls.Settings)
-    values = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in COMMON_KEYS}
+    values = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
+              if k not in (*COMMON_KEYS, *ENGINE_KEYS)}
     fields = dataclasses.fields(cls.Settings)
     assert {f.name for f in fields} == set(values), "one settings field per YAML key"
     assert {f.name: getattr(settings, f.name) for f in fields} == values
@@ -64,10 +72,10 @@ def test_every_method_yaml_fills_its_settings(name):
 
 
 def test_derived_yamls_inherit_their_parents_settings():
-    plain, sps = (parse_settings(impl_class(composed(n)).Settings, composed(n)) for n in ("sps_plain", "sps"))
+    plain, sps = (parse(impl_class(composed(n)).Settings, composed(n)) for n in ("sps_plain", "sps"))
     assert plain.draft == "zoo:draft_plain" and sps.draft is None
     assert dataclasses.replace(plain, draft=None) == sps
-    cpu = parse_settings(impl_class(composed("lookahead_cpu")).Settings, composed("lookahead_cpu"))
+    cpu = parse(impl_class(composed("lookahead_cpu")).Settings, composed("lookahead_cpu"))
     assert (cpu.level, cpu.window, cpu.guess) == (4, 3, 3)
     assert cpu.pool_from_prompt == yaml_values("lookahead")["pool_from_prompt"]
 
@@ -84,28 +92,28 @@ def rest_cfg(**changes):
 
 def test_unknown_setting_is_refused_with_the_known_ones():
     with pytest.raises(SpecbenchError) as excinfo:
-        parse_settings(RestSettings, rest_cfg(num_drafts=16), "rest")
+        parse(RestSettings, rest_cfg(num_drafts=16), "rest")
     message = one_line_error(excinfo)
     assert "method 'rest' has no setting 'num_drafts'" in message and "num_draft" in message.split(";")[1]
 
 
 def test_wrong_type_is_refused_naming_the_key():
     with pytest.raises(SpecbenchError) as excinfo:
-        parse_settings(RestSettings, rest_cfg(num_draft="abc"), "rest")
+        parse(RestSettings, rest_cfg(num_draft="abc"), "rest")
     message = one_line_error(excinfo)
     assert "'num_draft'" in message and "abc" in message and "YAML" in message
 
 
 def test_missing_setting_is_refused_naming_the_key():
     with pytest.raises(SpecbenchError) as excinfo:
-        parse_settings(RestSettings, rest_cfg(draft_depth=dataclasses.MISSING), "rest")
+        parse(RestSettings, rest_cfg(draft_depth=dataclasses.MISSING), "rest")
     message = one_line_error(excinfo)
     assert "'draft_depth'" in message and "missing" in message
 
 
 def test_null_where_a_value_is_needed_is_refused():
     with pytest.raises(SpecbenchError) as excinfo:
-        parse_settings(RestSettings, rest_cfg(max_suffix=None), "rest")
+        parse(RestSettings, rest_cfg(max_suffix=None), "rest")
     assert "'max_suffix'" in one_line_error(excinfo)
 
 
@@ -121,16 +129,16 @@ def test_bad_settings_stop_construction_before_anything_loads():
 def test_settings_of_several_forms_are_checked(name, key, bad):
     cfg = OmegaConf.merge(composed(name), {key: bad})
     with pytest.raises(SpecbenchError) as excinfo:
-        parse_settings(impl_class(cfg).Settings, cfg, name)
+        parse(impl_class(cfg).Settings, cfg, name)
     assert key in one_line_error(excinfo)
 
 
 def test_settings_of_several_forms_accept_each_form():
     paths = [[0], [1], [0, 0]]
     eagle = composed("eagle", f"method.choices={paths}")
-    assert parse_settings(impl_class(eagle).Settings, eagle).choices == paths
+    assert parse(impl_class(eagle).Settings, eagle).choices == paths
     skip = composed("self_spec", "method.skip_layers=[1]")
-    assert parse_settings(impl_class(skip).Settings, skip).skip_layers == [1]
+    assert parse(impl_class(skip).Settings, skip).skip_layers == [1]
 
 
 @pytest.fixture(scope="module")

@@ -52,14 +52,15 @@ def test_merge_chains_is_a_trie():
 
 def test_greedy_equals_baseline(tiny_models, target, other_llama):
     drafts = [str(tiny_models["qwen2"]), str(other_llama)]
-    method = build_method(method_cfg("specinfer", drafts=drafts), target, EMPTY)
+    method = build_method(method_cfg("specinfer", drafts=drafts, budget="fixed"), target, EMPTY)
     results = assert_matches_baseline(method, target, lengths=(1, 30))
     assert method.extra_parameters() > 0
     stats = [r.stats for r in results if r.stats.get("steps")]
     # two disagreeing drafts make real trees: more nodes than the depth in some step
     assert any(n > d for s in stats for n, d in zip(s["draft_lengths"], s.get("draft_depths", s["draft_lengths"])))
     # the target drafting for itself plus another model: the target's own chain is always accepted whole
-    selfish = build_method(method_cfg("specinfer", drafts=[str(other_llama), str(tiny_models["llama"])]), target, EMPTY)
+    selfish_cfg = method_cfg("specinfer", drafts=[str(other_llama), str(tiny_models["llama"])], budget="fixed")
+    selfish = build_method(selfish_cfg, target, EMPTY)
     results = assert_matches_baseline(selfish, target, lengths=(30,))
     steps = [a for r in results for a in r.accept_lengths[:-1]]
     assert steps and all(a == 5 for a in steps)  # K = 4 accepted + the bonus token
@@ -67,7 +68,7 @@ def test_greedy_equals_baseline(tiny_models, target, other_llama):
 
 def test_identical_drafts_merge_without_duplicate_siblings(tiny_models, target):
     spec = str(tiny_models["qwen2"])
-    method = build_method(method_cfg("specinfer", drafts=[spec, spec]), target, EMPTY)
+    method = build_method(method_cfg("specinfer", drafts=[spec, spec], budget="fixed"), target, EMPTY)
     results = assert_matches_baseline(method, target, lengths=(30,))
     for r in results:  # greedy: the two chains are equal, so the trie is one chain of K nodes
         assert max(r.stats["draft_lengths"]) == 4 and "draft_depths" not in r.stats

@@ -1,4 +1,5 @@
-"""Looking inside a method's answers: lossless audit, acceptance by length and depth, time split."""
+"""Looking inside a method's answers: lossless audit, acceptance by length and depth, time split,
+cost of a step."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.analysis.frame import SECTION
-from specbench.analysis.runs import Run
+from specbench.analysis.frame import SECTION, measured_rows
+from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import EXTRA_KEY
 
 #: `report --recheck` verdicts on a greedy mismatch (see analysis.recheck); "not rechecked: <why>" otherwise
@@ -97,6 +98,32 @@ def time_split(rows: pd.DataFrame) -> dict[str, float] | None:
     split = {k: float(v) for k, v in split.items()}
     split["other"] = max(0.0, 1.0 - sum(split.values()))
     return split
+
+
+def step_costs(frame: pd.DataFrame, baseline: str = BASELINE) -> dict[str, dict[str, float | None]]:
+    """Per method, over the questions its speedup uses (`frame.measured_rows`): `nodes_per_step`
+    (draft nodes verified per decoding step), `draft_per_step` and `verify_per_step` (its drafting
+    and verification seconds per step, in baseline decode steps: the baseline's (wall time - prefill)
+    / steps in the same frame). None where not recorded."""
+    rows = measured_rows(frame, baseline)
+    base = rows[(rows["method"] == baseline) & rows["prefill_time"].notna()]
+    base_step = _per_step(base["wall_time"] - base["prefill_time"], base["steps"])
+    out = {}
+    for method, own in rows.groupby("method"):
+        costs: dict[str, float | None] = {"nodes_per_step": _per_step(own["drafted"], own["steps"])}
+        for section in ("draft", "verify"):
+            seconds = _per_step(own[SECTION + section], own["steps"]) if SECTION + section in own else None
+            costs[f"{section}_per_step"] = seconds / base_step if seconds is not None and base_step else None
+        out[str(method)] = costs
+    return out
+
+
+def _per_step(values: pd.Series, steps: pd.Series) -> float | None:
+    """sum(values) / sum(steps) over the rows where the value was recorded; None when none was
+    (or they took no step)."""
+    recorded = values.notna()
+    total = steps[recorded].sum()
+    return float(values[recorded].sum() / total) if recorded.any() and total > 0 else None
 
 
 def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: float) -> dict[str, Any]:

@@ -118,6 +118,13 @@ def pair_with_baseline(questions: pd.DataFrame, baseline: str = BASELINE) -> pd.
     return questions.assign(base_run=partner).merge(base, on=["base_run", "question_id"], how="inner")
 
 
+def measured_rows(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """The frame's rows on the questions each method's speedup uses: those it answered in some run
+    where the baseline did too (every run of the method on them, as `speedups` counts)."""
+    pairs = pair_with_baseline(per_question(frame), baseline)[["method", "question_id"]].drop_duplicates()
+    return frame.merge(pairs, on=["method", "question_id"])
+
+
 def with_overall(table: pd.DataFrame) -> pd.DataFrame:
     """The rows once under their subtask and once more under "overall"."""
     return pd.concat([table, table.assign(subtask=OVERALL)], ignore_index=True)

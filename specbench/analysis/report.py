@@ -6,6 +6,7 @@ writing tables and figures is left to `presentation`.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.analysis import audit
-from specbench.analysis.frame import speedups, tidy
+from specbench.analysis.frame import bootstrap_ratio_ci, per_question, speedups, tidy
 from specbench.analysis.runs import (
     BASELINE,
     Group,
@@ -24,8 +25,11 @@ from specbench.analysis.runs import (
     method_memory,
     run_contention,
 )
+from specbench.engine.budget import FIXED_SUFFIX
 
-__all__ = ["BASELINE", "Group", "MethodResult", "Run", "analyse", "group_runs", "load_runs"]
+__all__ = ["BASELINE", "Group", "MethodResult", "Run", "analyse", "budget_pairs", "group_runs", "load_runs"]
+
+FIXED = FIXED_SUFFIX  # the runner files a method run with `method.budget=fixed` as <name>-fixed
 
 
 @dataclass
@@ -43,6 +47,17 @@ class MethodResult:
     contended: list[dict[str, Any]] = field(default_factory=list)  # runs.run_contention of its flagged runs
     memory: dict[str, Any] | None = None  # runs.method_memory: measured peak and drafter weights
     stream: dict[str, Any] | None = None  # audit.stream_acceptance: acceptance across the question stream
+    steps: dict[str, float | None] = field(default_factory=dict)  # audit.step_costs: nodes, draft, verify per step
+
+    @property
+    def efficiency(self) -> float | None:
+        """Overall speedup / overall mean accepted tokens: the share measured of the speedup a free
+        drafter with one-step verification would reach. None for the baseline or where either is missing."""
+        overall = self.rows.get("overall", {})
+        speedup, accepted = overall.get("speedup", math.nan), overall.get("mean_accepted", math.nan)
+        if self.method == BASELINE or math.isnan(speedup) or math.isnan(accepted) or not accepted:
+            return None
+        return speedup / accepted
 
 
 def metric_rows(table: pd.DataFrame, method: str) -> dict[str, dict[str, float]]:
@@ -98,6 +113,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         group.problems.append(f"{group.title}: the baseline generated no tokens on {', '.join(subtasks)}, "
                               "so no speedup there")
     measured = set(group.speedups.index.get_level_values("method"))
+    costs = audit.step_costs(group.frame)
     reference = base_runs if group.batch == 1 else [r for r in group.reference or [] if r.records]
     for name, runs in group.methods.items():
         if name not in measured:
@@ -110,6 +126,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.facts = method_facts(runs)
         result.contended = [c for run in runs if (c := run_contention(run))]
         result.memory = method_memory(runs)
+        result.steps = costs.get(name, {})
         twin = str(result.facts.get("static_twin") or "")
         result.stream = audit.stream_acceptance(runs, twin=group.methods.get(twin) if twin else None)
         if group.temperature == 0 and (name != BASELINE or group.batch > 1) and reference:
@@ -123,6 +140,52 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
     if note := contention_note(group):
         group.notes.append(f"{group.title}: {note}")
     return group
+
+
+@dataclass
+class BudgetPair:
+    """A method run with both draft budgets in one group: `auto` (X) and `fixed` (X-fixed), and
+    auto's tokens/s over fixed's on the questions both answered (mean per-question tokens/s, runs
+    averaged), with its 95% paired bootstrap interval over those questions."""
+
+    auto: MethodResult
+    fixed: MethodResult
+    ratio: float
+    low: float
+    high: float
+
+    @property
+    def verdict(self) -> str:
+        """"yes" (auto at least as fast), "within noise" (slower, but the interval reaches 1), "NO"."""
+        if self.ratio >= 1:
+            return "yes"
+        return "within noise" if self.high >= 1 else "NO"
+
+
+def budget_pairs(group: Group) -> list[BudgetPair]:
+    """The group's methods run with both draft budgets (X and X-fixed), in the group's order."""
+    by_name = {r.method: r for r in group.results}
+    if group.frame is None:
+        return []
+    tps = per_question(group.frame).groupby(["method", "question_id"])["tokens_per_s"].mean()
+    pairs = []
+    for r in group.results:
+        if (fixed := by_name.get(r.method + FIXED)) is None:
+            continue
+        both = pd.concat([tps.loc[r.method], tps.loc[fixed.method]], axis=1, join="inner").to_numpy()
+        ratio = float(both[:, 0].mean() / both[:, 1].mean()) if len(both) else math.nan
+        low, high = bootstrap_ratio_ci(both[:, 0], both[:, 1])
+        pairs.append(BudgetPair(r, fixed, ratio, low, high))
+    return pairs
+
+
+def budget_verdict(auto: MethodResult, fixed: MethodResult) -> str:
+    """Whether the auto budget keeps up with the fixed one: "yes" (its overall speedup is at least
+    fixed's), "within noise" (at least the low end of fixed's 95% interval), else "NO"."""
+    speedup, rival = auto.rows["overall"]["speedup"], fixed.rows["overall"]
+    if speedup >= rival["speedup"]:
+        return "yes"
+    return "within noise" if speedup >= rival["ci_low"] else "NO"
 
 
 def contention_note(group: Group) -> str | None:

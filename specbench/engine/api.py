@@ -101,11 +101,12 @@ class NoSettings:
     """A method without settings of its own."""
 
 
-def parse_settings(schema: type, cfg: DictConfig | None, method: str = "") -> Any:
-    """The method config's settings (every key but COMMON_KEYS) as an instance of the `schema`
-    dataclass: types checked, unknown and missing keys refused, each with a one-line error."""
+def parse_settings(schema: type, cfg: DictConfig | None, method: str = "", engine_keys: tuple[str, ...] = ()) -> Any:
+    """The method config's settings (every key but COMMON_KEYS and the `engine_keys` the engine
+    reads itself) as an instance of the `schema` dataclass: types checked, unknown and missing
+    keys refused, each with a one-line error."""
     values = {k: v for k, v in (OmegaConf.to_container(cfg, resolve=True) if cfg is not None else {}).items()
-              if k not in COMMON_KEYS and k != "defaults"}
+              if k not in COMMON_KEYS and k not in engine_keys and k != "defaults"}
     known = [f.name for f in fields(schema)]
     label = f"method '{method}'" if method else schema.__name__
     for key in values:
@@ -146,12 +147,15 @@ class Method:
     #: why the method cannot decode batches (`run batch_size=B` refuses it at start), None when it
     #: can through `generate_batch`
     batch_problem: str | None = "it has no batched decoding"
+    #: method-config keys the engine reads besides the method's Settings (`budget` for the shared loop)
+    engine_keys: tuple[str, ...] = ()
 
     def __init__(self, target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig) -> None:
         self.target = target
         self.cfg = cfg  # the method's config group
         self.model_cfg = model_cfg  # the model's config group (draft path, template, ...)
-        self.settings = parse_settings(self.Settings, cfg, str(cfg.get("name", "")) if cfg is not None else "")
+        self.settings = parse_settings(self.Settings, cfg, str(cfg.get("name", "")) if cfg is not None else "",
+                                       self.engine_keys)
 
     def extra_parameters(self) -> int:
         """Parameters the method adds to the target (draft model, heads), counted from the
@@ -160,6 +164,10 @@ class Method:
 
     def reset(self) -> None:
         """Forget state carried across questions (called at the start of every run)."""
+
+    def prepare(self, batch_size: int) -> None:
+        """Before a run's warm-up, untimed: measure what the method needs of the device at this
+        batch size (the draft budget's cost curve)."""
 
     def start_stream(self) -> None:
         """The timed question stream of a run starts (after the warm-up): a method that learns
@@ -207,6 +215,7 @@ class DraftContext:
     device: torch.device
     max_depth: int = 0
     step: int = 0
+    budget: Any = None  # engine.budget.Budget under `method.budget=auto`, else None
 
 
 @dataclass

@@ -27,6 +27,7 @@ from transformers.cache_utils import DynamicLayer
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.timing import Timer
 from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Prefilled, Request, Requests
+from specbench.engine.budget import BudgetPolicy, StepClock
 from specbench.engine.target import probe_tree_attention, static_tree_problem, tree_attention_inputs
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict
@@ -203,11 +204,13 @@ class BatchDecoder:
     def __init__(
         self, target: LoadedModel, new_drafter: Callable[[], Drafter], verify: Verify, sampling: SamplingParams,
         timer: Timer, new_stats: Callable[[], Any], margins: Callable[[torch.Tensor], float] | None = None,
-        context: int | None = None, hidden_states: bool = False,
+        context: int | None = None, hidden_states: bool = False, policy: BudgetPolicy | None = None,
     ) -> None:
         self.target, self.new_drafter, self.verify, self.sampling = target, new_drafter, verify, sampling
         self.timer, self.new_stats, self.margins, self.context = timer, new_stats, margins, context
         self.hidden_states = hidden_states
+        self.policy = policy  # the draft budget (budget=auto), shared by the rows; None: every node verified
+        self.clock = StepClock(target.device)
         self.cache: Any = None
         self.lengths: list[int] = []  # per batch row of the cache: entries that count
         self.live: list[RowState | None] = []  # per batch row: None once it finished (a free slot)
@@ -281,16 +284,26 @@ class BatchDecoder:
 
     def step(self, requests: Requests) -> None:
         live = [row for row in self.live if row is not None]  # drop_free ran: none is None
-        lengths, cache, timer, sampling = self.lengths, self.cache, self.timer, self.sampling
-        trees = []
+        lengths, cache, timer, sampling, policy = self.lengths, self.cache, self.timer, self.sampling, self.policy
+        trees, proposed, works = [], [], []
+        drafting = self.clock.now() if policy is not None else None
         with timer.section("draft"):
             for row, past in zip(live, lengths, strict=True):
                 ctx = row.ctx
                 ctx.max_depth = row.request.stop.max_new_tokens - len(ctx.tokens) - 1
-                tree = row.drafter.propose(ctx).truncate(ctx.max_depth)
+                ctx.budget = policy.budget() if policy is not None else None
+                tree = row.drafter.propose(ctx)
+                works.append(tree.n if tree.work is None else tree.work)
+                tree = tree.truncate(ctx.max_depth)
                 if self.context is not None and tree.span > self.context - past:
                     tree = tree.select(list(range(tree.n))).truncate(self.context - past - 1)
+                proposed.append(tree.n)
+                if policy is not None:
+                    tree = policy.select(tree, past, works[-1])
                 trees.append(tree)
+        if policy is not None:
+            drafted = self.clock.now()
+            self.clock.span(drafting, drafted, policy.draft_seen(sum(works) / len(live), share=1 / len(live)))
         with timer.section("verify"):
             cached = cache.get_seq_length()
             ids, mask, positions = step_inputs(trees, [r.ctx.tokens[-1] for r in live], lengths, cached,
@@ -299,6 +312,11 @@ class BatchDecoder:
                                     position_ids=positions, output_hidden_states=self.hidden_states)
             verdicts = [self.verify(tree, out.logits[i, : tree.n + 1], sampling) for i, tree in enumerate(trees)]
         lengths = compact_rows(cache, lengths, cached, [v.rows for v in verdicts])
+        if policy is not None:
+            self.clock.span(drafted, self.clock.now(),
+                            policy.verify_seen(max(t.rows for t in trees), sum(self.lengths) / len(live)))
+            for tree, verdict in zip(trees, verdicts, strict=True):
+                policy.observe(tree, verdict)
         keep = []
         for i, (row, tree, verdict) in enumerate(zip(live, trees, verdicts, strict=True)):
             logits = out.logits[i]
@@ -308,7 +326,8 @@ class BatchDecoder:
             tokens.append(verdict.token)
             if row.margins is not None and self.margins is not None:
                 row.margins.append(self.margins(logits[:1]))
-            row.stats.record(tree, verdict, not tree.layout.is_chain or tree.aux is not None)
+            row.stats.record(tree, verdict, not tree.layout.is_chain or tree.aux is not None,
+                             proposed[i] if policy is not None else None)
             cut = row.request.stop.cut(tokens, start)
             if cut is not None:
                 del tokens[cut:]
@@ -339,7 +358,7 @@ class BatchDecoder:
 class NoStats:
     """The baseline's counters: none (its answers record the top-2 margins instead)."""
 
-    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool) -> None:
+    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None) -> None:
         pass
 
     def summary(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from specbench.engine.api import (
     Requests,
 )
 from specbench.engine.batch import BatchDecoder
+from specbench.engine.budget import BUDGET_MODES, BudgetPolicy, StepClock, cost_curve
 from specbench.engine.target import TargetScorer, keep_rows, model_context
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict, verify
@@ -45,14 +46,17 @@ class StepStats:
     draft_lengths: list[int] = field(default_factory=list)  # nodes verified per step
     draft_depths: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per step (before the stop cut)
+    proposed: list[int] = field(default_factory=list)  # nodes the drafter proposed per step (budget=auto)
     tree_steps: int = 0
     fallback: str | None = None
 
-    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool) -> None:
+    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None) -> None:
         self.draft_lengths.append(tree.n)
         self.draft_depths.append(tree.layout.max_depth)
         self.accepted.append(len(verdict.path))
         self.tree_steps += tree_mode
+        if proposed is not None:
+            self.proposed.append(proposed)
 
     def summary(self) -> dict[str, Any]:
         """Totals, per-step draft lengths, and per-position acceptance: position_drafted[d] is
@@ -75,6 +79,9 @@ class StepStats:
             out["tree_steps"] = self.tree_steps
         if self.fallback:
             out["tree_fallback"] = self.fallback
+        if self.proposed:  # the draft budget chose the verified nodes (draft_lengths) out of these
+            out["budget"] = "auto"
+            out["proposed_lengths"] = self.proposed
         return out
 
 
@@ -97,13 +104,32 @@ class SpeculativeMethod(Method):
     Tests and experiments may pass a drafter directly instead.
     """
 
+    engine_keys = ("budget",)
+
     def __init__(
         self, target: LoadedModel, cfg: DictConfig, model_cfg: DictConfig, drafter: Drafter | None = None
     ) -> None:
         super().__init__(target, cfg, model_cfg)
+        self.budget_mode = str(cfg.get("budget", "fixed")) if cfg is not None else "fixed"
+        if self.budget_mode not in BUDGET_MODES:
+            raise SpecbenchError(f"method '{cfg.get('name', '')}': budget must be one of {', '.join(BUDGET_MODES)}, "
+                                 f"got {self.budget_mode!r} (set method.budget=auto or method.budget=fixed)")
         self.drafter = drafter if drafter is not None else self.build_drafter()
         self.scorer = TargetScorer(target.model, target.device, target.dtype)
         self.context = model_context(target.model.config)
+        self.policies: dict[int, BudgetPolicy] = {}
+
+    def prepare(self, batch_size: int) -> None:
+        self.policy(batch_size)
+
+    def policy(self, batch_size: int) -> BudgetPolicy | None:
+        """The draft budget at this batch size under `budget=auto` (None under `fixed`): its cost
+        curve measured on first use (or read from the cache), its acceptance learned in the run."""
+        if self.budget_mode != "auto":
+            return None
+        if batch_size not in self.policies:
+            self.policies[batch_size] = BudgetPolicy(cost_curve(self.target, batch_size, self.context))
+        return self.policies[batch_size]
 
     #: batched decoding: every drafter that keeps its per-call state per fork (see Drafter.fork)
     batch_problem: str | None = None
@@ -119,12 +145,14 @@ class SpeculativeMethod(Method):
         if self.batch_problem is not None:
             return super().generate_batch(requests, slots, sampling, timer)
         decoder = BatchDecoder(self.target, self.drafter.fork, self.verify_step, sampling, timer, StepStats,
-                               context=self.context, hidden_states=self.drafter.needs_hidden_states)
+                               context=self.context, hidden_states=self.drafter.needs_hidden_states,
+                               policy=self.policy(slots))
         decoder.run(Annotated(requests, self.annotate), slots)
         return None
 
     def reset(self) -> None:
         self.drafter.reset()
+        self.policies = {b: BudgetPolicy(p.curve) for b, p in self.policies.items()}  # acceptance learned anew
 
     def verify_step(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams) -> Verdict:
         """Which path of `tree` the target accepts (logits: root row, then one row per node). The
@@ -187,16 +215,27 @@ class SpeculativeMethod(Method):
         past = int(state.input_ids.shape[1])
         model_out_hidden = self.drafter.needs_hidden_states
         ctx = DraftContext(state.input_ids, tokens, sampling, self.target.device)
+        policy = self.policy(1)
+        clock = StepClock(self.target.device)
         with timer.section("draft"):
             self.drafter.begin(state, sampling)
+        drafting = clock.now() if policy is not None else None
         while True:
             ctx.max_depth = stop.max_new_tokens - len(tokens) - 1
+            ctx.budget = policy.budget() if policy is not None else None
             with timer.section("draft"):
                 tree = self.drafter.propose(ctx)
+            work = tree.n if tree.work is None else tree.work
             tree = tree.truncate(ctx.max_depth)
             if self.context is not None and tree.span > self.context - past:
                 # positions past the model's context (aux rows reach further than the nodes): drop them
                 tree = tree.select(list(range(tree.n))).truncate(self.context - past - 1)
+            proposed = tree.n
+            if policy is not None:
+                with timer.section("draft"):
+                    tree = policy.select(tree, past, work)
+                drafted = clock.now()
+                clock.span(drafting, drafted, policy.draft_seen(work))
             tree, tree_mode = self._tree_mode(tree, cache, past, ctx.step, stats)
             n = tree.n
             with timer.section("verify"):
@@ -205,11 +244,14 @@ class SpeculativeMethod(Method):
                 verdict = self.verify_step(tree, logits[: n + 1], sampling)
             rows = verdict.rows
             keep_rows(cache, past, logits.shape[0], rows)
+            if policy is not None:
+                clock.span(drafted, clock.now(), policy.verify_seen(tree.rows, past))
+                policy.observe(tree, verdict)
             past += len(rows)
             start = len(tokens)
             tokens.extend(verdict.tokens)
             tokens.append(verdict.token)
-            stats.record(tree, verdict, tree_mode)
+            stats.record(tree, verdict, tree_mode, proposed if policy is not None else None)
             cut = stop.cut(tokens, start)
             if cut is not None:
                 del tokens[cut:]
@@ -217,6 +259,7 @@ class SpeculativeMethod(Method):
                 return GenerationResult(tokens, accept_lengths, stats.summary())
             accept_lengths.append(len(tokens) - start)
             ctx.step += 1
+            drafting = clock.now() if policy is not None else None
             with timer.section("draft"):
                 self.drafter.accepted(Feedback(
                     tree, verdict, logits[: n + 1],

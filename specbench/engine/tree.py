@@ -132,6 +132,11 @@ class DraftTree:
     target), so siblings share a row. None means deterministic candidates: under sampling
     each is then accepted with the target's probability of it. kind: how siblings were drawn
     (see SiblingKind); without probabilities it is always "deterministic".
+    confidence: (n,) or None, the drafter's own estimate that node i is accepted once its
+    parent is (e.g. its draft probability at the parent). The draft budget (engine.budget)
+    calibrates it against what the target accepts; it never changes what is emitted. work: the
+    drafter's units of work spent on it (draft forwards, head levels), which the budget times;
+    None counts the nodes.
     """
 
     tokens: torch.Tensor
@@ -139,6 +144,8 @@ class DraftTree:
     draft_probs: torch.Tensor | None = None
     kind: SiblingKind = "deterministic"
     aux: AuxBlock | None = None
+    confidence: torch.Tensor | None = None
+    work: int | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 1 or self.tokens.shape[0] != len(self.parents):
@@ -149,13 +156,16 @@ class DraftTree:
             self.kind = "deterministic"
         elif self.draft_probs.shape[0] != len(self.parents):
             raise ValueError("draft_probs needs one row per node")
+        if self.confidence is not None and self.confidence.shape != (len(self.parents),):
+            raise ValueError("confidence needs one value per node")
         layout_of(self.parents)  # checks the topology (cached per shape)
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> DraftTree:
+    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None,
+              confidence: torch.Tensor | None = None) -> DraftTree:
         """A single branch: node i follows node i - 1."""
         kind: SiblingKind = "iid" if draft_probs is not None else "deterministic"
-        return cls(tokens, chain_parents(int(tokens.shape[0])), draft_probs, kind)
+        return cls(tokens, chain_parents(int(tokens.shape[0])), draft_probs, kind, confidence=confidence)
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> DraftTree:
@@ -188,13 +198,27 @@ class DraftTree:
         where = {old: new for new, old in enumerate(keep)}
         parents = tuple(-1 if self.parents[i] < 0 else where[self.parents[i]] for i in keep)
         if keep == list(range(len(keep))):  # a prefix: slicing keeps views, no gather
-            tokens = self.tokens[: len(keep)]
-            probs = None if self.draft_probs is None else self.draft_probs[: len(keep)]
+
+            def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else x[: len(keep)]
         else:
-            index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
-            tokens = self.tokens[index]
-            probs = None if self.draft_probs is None else self.draft_probs[index.to(self.draft_probs.device)]
-        return DraftTree(tokens, parents, probs, self.kind)
+            index = torch.tensor(keep, dtype=torch.long)
+
+            def pick(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else x[index.to(x.device)]
+        return DraftTree(pick(self.tokens), parents, pick(self.draft_probs), self.kind,
+                         confidence=pick(self.confidence))
+
+    def prune(self, keep: list[int]) -> DraftTree:
+        """`select` that keeps the aux block (its columns of dropped nodes removed): what the
+        draft budget verifies of a proposal."""
+        tree = self.select(keep)
+        if self.aux is not None:
+            n = self.n
+            columns = torch.tensor([0, *(i + 1 for i in keep), *range(n + 1, n + 1 + self.aux.k)], dtype=torch.long)
+            attend = self.aux.attend[:, columns.to(self.aux.attend.device)]
+            tree.aux = AuxBlock(self.aux.tokens, self.aux.offsets, attend)
+        return tree
 
     def truncate(self, max_depth: int) -> DraftTree:
         """Drop nodes deeper than `max_depth` (they could only be accepted past the stop rule)."""

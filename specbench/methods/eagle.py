@@ -30,6 +30,7 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, layout_of
 from specbench.engine.api import Prefilled
+from specbench.engine.budget import Budget
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.eagle import EagleHead, load_eagle
 from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3
@@ -130,11 +131,14 @@ class EagleDrafter(Drafter):
         root_feature = self._feed()
         stable = self.cache.length
         try:
-            return self._grow(root_feature, self._logp(root_feature), stable, ctx.max_depth)
+            return self._grow(root_feature, self._logp(root_feature), stable, ctx.max_depth, ctx.budget)
         finally:
             self.cache.crop(stable)  # the tree's entries are guesses: only verified pairs stay
 
-    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int) -> DraftTree:
+    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int,
+              budget: Budget | None) -> DraftTree:
+        """The tree; node confidence = the head's probability of the node's token at its parent.
+        Under a draft budget, growing stops at the depth where no node is worth verifying."""
         raise NotImplementedError
 
 
@@ -163,12 +167,16 @@ class StaticTreeDrafter(EagleDrafter):
                 [i for i in nodes if has_children[i]],
             ))
 
-    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int) -> DraftTree:
+    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int,
+              budget: Budget | None) -> DraftTree:
         tree = self.tree
         depth = min(tree.max_depth, max_depth)
         n = sum(1 for d in tree.depths if d <= depth)  # breadth-first: these are a prefix
         device = root_feature.device
         tokens = torch.zeros(n, dtype=torch.long, device=device)
+        confidence = torch.zeros(n, device=device)
+        reach = torch.ones(n + 1, device=device)  # per row: the calibrated chance of reaching it
+        levels = 1  # head forwards: the root's (in _feed), then one per expanded depth
         # Row 0 = the root, row i + 1 = node i: predicted feature and children's log-probabilities.
         outs = root_feature.new_zeros(n + 1, root_feature.shape[-1])
         logps = root_logp.new_zeros(n + 1, root_logp.shape[-1])
@@ -176,8 +184,16 @@ class StaticTreeDrafter(EagleDrafter):
         drafted: list[int] = []  # nodes in the head cache, in cache order
         for d in range(1, depth + 1):
             nodes, rows, slots, ranks, width, expand = self.levels[d - 1]
-            top = logps[rows.to(device)].topk(width, dim=-1).indices
-            tokens[nodes.to(device)] = top[slots.to(device), ranks.to(device)]
+            top = logps[rows.to(device)].topk(width, dim=-1)
+            at = (slots.to(device), ranks.to(device))
+            tokens[nodes.to(device)] = top.indices[at]
+            confidence[nodes.to(device)] = top.values[at].exp()
+            if budget is not None:
+                parent_rows = torch.tensor([tree.parents[i] + 1 for i in nodes.tolist()], device=device)
+                reach[nodes.to(device) + 1] = reach[parent_rows] * budget.calibrate(confidence[nodes.to(device)])
+                if d < depth and not budget.extend(reach[nodes.to(device) + 1], d + 1):  # deeper does not pay
+                    n = sum(1 for x in tree.depths if x <= d)
+                    break
             if d == depth or not expand:
                 break
             index = torch.tensor(expand, dtype=torch.long)
@@ -186,7 +202,8 @@ class StaticTreeDrafter(EagleDrafter):
             out, logp = self._expand(tokens[index.to(device)], outs[parents], d, stable, ancestors)
             outs[index.to(device) + 1], logps[index.to(device) + 1] = out, logp
             drafted.extend(expand)
-        return DraftTree(tokens, tree.parents[:n])
+            levels += 1
+        return DraftTree(tokens[:n], tree.parents[:n], confidence=confidence[:n], work=levels)
 
 
 class DynamicTreeDrafter(EagleDrafter):
@@ -200,11 +217,14 @@ class DynamicTreeDrafter(EagleDrafter):
         super().__init__(head, embed, lm_head)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
 
-    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int) -> DraftTree:
+    def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int,
+              budget: Budget | None) -> DraftTree:
         k = min(self.top_k, int(root_logp.shape[-1]))
         device = root_feature.device
         top = root_logp.topk(k)
         all_tokens, all_scores, all_parents = [top.indices], [top.values], [torch.full((k,), -1, device=device)]
+        all_conf = [top.values.exp()]
+        reach = budget.calibrate(all_conf[0]) if budget is not None else None  # per frontier node
         frontier = torch.arange(k, device=device)  # global candidate ids
         scores, tokens = top.values, top.indices
         features = root_feature.expand(k, -1)
@@ -212,6 +232,8 @@ class DynamicTreeDrafter(EagleDrafter):
         offset = k
         levels = min(self.depth + 1, max_depth)  # the tree's depth
         for level in range(1, levels):
+            if reach is not None and not budget.extend(reach, level + 1):  # a level more does not pay
+                break
             m = int(frontier.shape[0])
             out, logp = self._expand(tokens, features, level, stable, ancestors)
             top = logp.topk(k, dim=-1)
@@ -219,7 +241,10 @@ class DynamicTreeDrafter(EagleDrafter):
             all_tokens.append(top.indices.flatten())
             all_scores.append(cumulative)
             all_parents.append(frontier.repeat_interleave(k))
+            all_conf.append(top.values.exp().flatten())
             best = cumulative.topk(min(k, m * k)).indices
+            if reach is not None:
+                reach = (reach[:, None] * budget.calibrate(top.values.exp())).flatten()[best]
             owner = best // k
             ancestors = torch.cat([ancestors, torch.eye(m, dtype=torch.bool, device=device)], dim=1)[owner]
             features, scores = out[owner], cumulative[best]
@@ -235,7 +260,8 @@ class DynamicTreeDrafter(EagleDrafter):
         remap[keep] = torch.arange(keep.shape[0], device=device)
         parents = torch.cat(all_parents)[keep]
         parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
-        return DraftTree(torch.cat(all_tokens)[keep], tuple(parents.tolist()))
+        return DraftTree(torch.cat(all_tokens)[keep], tuple(parents.tolist()), confidence=torch.cat(all_conf)[keep],
+                         work=len(all_scores))  # head forwards: the root's, then one per level
 
 
 class Eagle3Drafter(DynamicTreeDrafter):

@@ -78,13 +78,23 @@ class HydraDrafter(Drafter):
         x = torch.cat([feature, self.embed(root)[0]])[None]
         n = sum(len(level[0]) for level in self.levels[:depth])
         tokens = torch.empty(n, dtype=torch.long, device=feature.device)
+        confidence = torch.empty(n, device=feature.device)  # the head's probability of each node's token
+        budget = ctx.budget
+        reach = torch.ones(n + 1, device=feature.device)  # per row: the calibrated chance of reaching it
         for k, (nodes, width, slot, rank, expand) in enumerate(self.levels[:depth]):
-            top = self.heads.head(k, x).topk(width, dim=-1).indices  # (parents, width)
-            chosen = top[slot, rank]
-            tokens[nodes[0] : nodes[-1] + 1] = chosen  # a depth's nodes are contiguous (breadth-first)
+            top = torch.log_softmax(self.heads.head(k, x).float(), dim=-1).topk(width, dim=-1)  # (parents, width)
+            chosen = top.indices[slot, rank]
+            here = slice(nodes[0], nodes[-1] + 1)  # a depth's nodes are contiguous (breadth-first)
+            tokens[here], confidence[here] = chosen, top.values[slot, rank].exp()
+            if budget is not None:
+                parent_rows = torch.tensor([self.tree.parents[i] + 1 for i in nodes], device=feature.device)
+                reach[nodes[0] + 1 : nodes[-1] + 2] = reach[parent_rows] * budget.calibrate(confidence[here])
+                if k + 1 < depth and not budget.extend(reach[nodes[0] + 1 : nodes[-1] + 2], k + 2):
+                    n = nodes[-1] + 1  # deeper does not pay
+                    break
             if k + 1 < depth:
                 x = torch.cat([x[slot[expand]], self.embed(chosen[expand]).to(x.dtype)], dim=-1)
-        return DraftTree(tokens, self.tree.parents[:n])
+        return DraftTree(tokens[:n], self.tree.parents[:n], confidence=confidence[:n], work=k + 1)
 
     def accepted(self, feedback: Feedback) -> None:
         self.feature = feedback.hidden_states[-1][0, feedback.verdict.rows[-1]]

@@ -80,15 +80,12 @@ class MedusaDrafter(Drafter):
         if depth <= 0 or self.feature is None:
             return DraftTree.empty(ctx.device)
         logits = self.heads(self.feature, self.lm_head, n=depth)  # (depth, V)
-        # One top-k for all depths (the widest), then each node picks (its depth, its rank).
-        top = logits.topk(max(self.widths[:depth]), dim=-1).indices
-        keep = [i for i, d in enumerate(self.tree.depths) if d <= depth]
-        if len(keep) == len(self.tree.depths):
-            tokens = top[self.depth_of.to(top.device), self.rank_of.to(top.device)]
-            return DraftTree(tokens, self.tree.parents)
-        index = torch.tensor(keep, dtype=torch.long)
-        tokens = top[self.depth_of[index].to(top.device), self.rank_of[index].to(top.device)]
-        return DraftTree(tokens, self.tree.parents[: len(keep)])  # breadth-first: a prefix
+        # One top-k for all depths (the widest), then each node picks (its depth, its rank); a
+        # node's confidence is its head's probability of its token.
+        top = torch.log_softmax(logits.float(), dim=-1).topk(max(self.widths[:depth]), dim=-1)
+        n = sum(1 for d in self.tree.depths if d <= depth)  # breadth-first: a prefix
+        at = (self.depth_of[:n].to(top.indices.device), self.rank_of[:n].to(top.indices.device))
+        return DraftTree(top.indices[at], self.tree.parents[:n], confidence=top.values[at].exp(), work=1)
 
     def accepted(self, feedback: Feedback) -> None:
         self.feature = feedback.hidden_states[-1][0, feedback.verdict.rows[-1]]

@@ -19,6 +19,8 @@ from specbench.engine.api import Prefilled
 from specbench.models import LoadedModel, load_model
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+#: the longest chain the draft budget drafts when `max_speculative_tokens` sets no cap
+AUTO_MAX_TOKENS = 16
 
 
 @dataclass
@@ -27,8 +29,8 @@ class SpsSettings:
 
     draft: str | None  # draft model: hub id, folder or zoo:NAME; None = the model config's `draft`
     num_speculative_tokens: int  # K, draft tokens per step (the starting K under a heuristic schedule)
-    schedule: str  # how K adapts: constant | heuristic | heuristic_transient (see SpsDrafter)
-    max_speculative_tokens: int | None  # cap on K under a heuristic schedule; None = no cap
+    schedule: str  # how K adapts: constant | heuristic | heuristic_transient (see SpsDrafter); budget=fixed only
+    max_speculative_tokens: int | None  # cap on K (heuristic schedule, or budget=auto); None = no cap (auto: 16)
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) -> None:
@@ -133,7 +135,14 @@ class SpsDrafter(Drafter):
         return _fit_vocab(out.logits[0, -1], self.vocab_size)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        k = min(self.k, ctx.max_depth)
+        budget = ctx.budget
+        greedy = self.sampling.greedy
+        if budget is None:
+            k = min(self.k, ctx.max_depth)
+        else:  # the draft budget: as long as the next token is still worth drafting (up to the cap)
+            k = min(self.max_tokens or AUTO_MAX_TOKENS, ctx.max_depth)
+            if not greedy:  # sampled: decided before drawing, from the running rates alone (lossless)
+                k = min(k, budget.depth)
         self.drafted = max(k, 0)
         if k <= 0:
             return DraftTree.empty(ctx.device)
@@ -142,23 +151,32 @@ class SpsDrafter(Drafter):
         new = torch.tensor(ctx.tokens[max(0, self.cached - prompt_len) :], dtype=torch.long, device=ctx.device)
         if self.cached < prompt_len:
             new = torch.cat([ctx.input_ids[0, self.cached :].to(ctx.device), new])
-        self.cached = prompt_len + len(ctx.tokens) + k - 1  # the last draft token is never fed
-        greedy = self.sampling.greedy
         drafted: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
+        confidence: list[torch.Tensor] = []
+        reach = 1.0
         logits = self._step(new[None])
         for i in range(k):
-            # Tokens stay on the device: no host sync while drafting.
+            # Tokens stay on the device: no host sync while drafting (but for the budget's stop).
             if greedy:
                 token = logits.argmax(-1)
+                if budget is not None:
+                    confidence.append(torch.softmax(logits.float(), -1)[token])
+                    reach *= float(budget.calibrate(confidence[-1].view(1))[0])
             else:
                 p = probs_from_logits(logits, self.sampling)
                 token = sample(p)
                 probs.append(p)
             drafted.append(token)
-            if i < k - 1:
-                logits = self._step(token.view(1, 1))
-        return DraftTree.chain(torch.stack(drafted), torch.stack(probs) if probs else None)
+            if i == k - 1 or (budget is not None and greedy and not budget.extend(torch.tensor([reach]), i + 2)):
+                break
+            logits = self._step(token.view(1, 1))
+        self.drafted = len(drafted)
+        self.cached = prompt_len + len(ctx.tokens) + len(drafted) - 1  # the last draft token is never fed
+        tree = DraftTree.chain(torch.stack(drafted), torch.stack(probs) if probs else None,
+                               torch.stack(confidence) if confidence else None)
+        tree.work = len(drafted)  # draft forwards
+        return tree
 
     def accepted(self, feedback: Feedback) -> None:
         m = len(feedback.verdict.path)

@@ -12,7 +12,7 @@ import pandas as pd
 from specbench.analysis.audit import RECHECK_VERDICTS, STREAM_PARTS
 from specbench.analysis.batching import BatchPoint, batch_points
 from specbench.analysis.frame import OVERALL
-from specbench.analysis.report import BASELINE, Group, MethodResult, contention_note
+from specbench.analysis.report import BASELINE, Group, MethodResult, budget_pairs, contention_note
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
 from specbench.core.table import markdown
@@ -32,7 +32,13 @@ DEFINITIONS = (
     "at the first diverging token is within --tie-margin, and `report --recheck` re-runs the target alone in "
     "float64 there: numerical (float64 picks neither token, or the two tokens' float64 logits lie within "
     "--tie-margin), baseline off (float64 picks the method's token), bug (float64 picks the baseline's token "
-    "by more than --tie-margin). Tokens are counted from generated token ids."
+    "by more than --tie-margin). Tokens are counted from generated token ids. Nodes/step: draft nodes verified "
+    "per decoding step (drafted tokens / steps; a tree counts every node). Efficiency: speedup / #mean accepted "
+    "tokens, the share measured of the speedup a free drafter with one-step verification would reach. "
+    "Draft/step and Verify/step: the method's drafting and verification time per decoding step relative to one "
+    "baseline decode step of the same group (the baseline's wall time less prefill, per step); the baseline's "
+    "step is 1 (verifying one token), so speedup ≈ #mean accepted tokens / (draft/step + verify/step + other), "
+    "other being the rest of a step's time."
 )
 CSV_METRICS = ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "acceptance_rate", "tokens_per_s")
 
@@ -154,8 +160,9 @@ def _verdict(m: dict[str, Any]) -> str:
 
 
 def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
-    headers = ["Method", "tok/s", "Overall 95% CI", "Per-depth acceptance", "Time split", "Lossless audit",
-               "Drafting", "Verification", "Training", "Extra params", "Peak memory", "Drafter memory"]
+    headers = ["Method", "tok/s", "Overall 95% CI", "Nodes/step", "Efficiency", "Draft/step", "Verify/step",
+               "Per-depth acceptance", "Time split", "Lossless audit", "Drafting", "Verification", "Training",
+               "Extra params", "Peak memory", "Drafter memory"]
     overall = _table(group).xs(OVERALL, level="subtask")
     rows = []
     for r in group.results:
@@ -165,11 +172,54 @@ def detail_table(group: Group) -> tuple[list[str], list[list[str]]]:
         params = f.get("extra_parameters")
         rows.append([
             r.method, f"{_fmt(o['tokens_per_s'], '.1f')} ± {_fmt(o['tokens_per_s_std'], '.1f')}",
-            f"[{_fmt(o['ci_low'])}, {_fmt(o['ci_high'])}]", depth, _split(r), _audit(r),
+            f"[{_fmt(o['ci_low'])}, {_fmt(o['ci_high'])}]", *_step_cells(r), depth, _split(r), _audit(r),
             f.get("drafting", "-"), f.get("verification", "-"), str(f.get("training", "-")),
             f"{params / 1e6:.2f}M" if isinstance(params, (int, float)) else "-", *_memory(r),
         ])
     return headers, rows
+
+
+def _step_cells(r: MethodResult) -> list[str]:
+    """Nodes/step, efficiency, draft/step and verify/step (the last two in baseline decode steps)."""
+    nodes, draft, verify = (r.steps.get(k) for k in ("nodes_per_step", "draft_per_step", "verify_per_step"))
+    return [_fmt(nodes), _fmt(r.efficiency), *("-" if x is None else f"{x:.2f}x" for x in (draft, verify))]
+
+
+def _with_ci(r: MethodResult) -> str:
+    o = r.rows["overall"]
+    return f"{_fmt(o['speedup'])}x [{_fmt(o['ci_low'])}, {_fmt(o['ci_high'])}]"
+
+
+def _change(before: float | None, after: float | None) -> str:
+    return f"{_fmt(before)} -> {_fmt(after)}"
+
+
+def budget_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
+    """One row per method run with both draft budgets (X and X-fixed); None when none was."""
+    pairs = budget_pairs(group)
+    if not pairs:
+        return None
+    headers = ["Method", "Speedup fixed", "Speedup auto", "auto/fixed", "Mean accepted fixed -> auto",
+               "Nodes/step fixed -> auto", "Efficiency fixed -> auto", "auto >= fixed"]
+    rows = []
+    for pair in pairs:
+        auto, fixed = pair.auto, pair.fixed
+        a, f = auto.rows["overall"], fixed.rows["overall"]
+        rows.append([auto.method, _with_ci(fixed), _with_ci(auto),
+                     f"{_fmt(pair.ratio, '.3f')} [{_fmt(pair.low, '.3f')}, {_fmt(pair.high, '.3f')}]",
+                     _change(f["mean_accepted"], a["mean_accepted"]),
+                     _change(fixed.steps.get("nodes_per_step"), auto.steps.get("nodes_per_step")),
+                     _change(fixed.efficiency, auto.efficiency), pair.verdict])
+    return headers, rows
+
+
+BUDGET_NOTE = (
+    "Draft budgets: a method run with `method.budget=auto` (its plain name) and with `method.budget=fixed` (named "
+    "<method>-fixed), the two back to back on the same questions. auto/fixed: auto's mean per-question tokens/s "
+    "over fixed's on the questions both answered, with its 95% paired bootstrap interval over those questions. "
+    "auto >= fixed: yes when that ratio is at least 1, within noise when it is below 1 but its interval reaches 1, "
+    "NO otherwise."
+)
 
 
 def learns_online(r: MethodResult) -> bool:
@@ -297,6 +347,8 @@ def render_markdown(group: Group) -> str:
         "",
         DEFINITIONS,
     ]
+    if (budgets := budget_table(group)) is not None:
+        parts += ["", "## Draft budgets: auto against fixed", "", markdown(*budgets), "", BUDGET_NOTE]
     if (stream := stream_table(group)) is not None:
         parts += ["", "## Acceptance across the question stream", "", markdown(*stream), "", STREAM_NOTE]
     if group.problems:
@@ -346,6 +398,8 @@ def write_group(group: Group, out_dir: Path) -> list[Path]:
 
 def console(group: Group) -> str:
     footnote = "".join(f"\n{line}\n" for line in contention_footnote(group))
+    if (budgets := budget_table(group)) is not None:
+        footnote += f"\nDraft budgets, auto against fixed:\n\n{markdown(*budgets)}\n"
     if (stream := stream_table(group)) is not None:
         footnote += f"\nAcceptance across the question stream (fifths):\n\n{markdown(*stream)}\n"
     return f"\n{group.title}  ({environment_line(group)})\n\n{markdown(*main_table(group))}\n{footnote}"

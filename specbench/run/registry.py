@@ -51,6 +51,7 @@ from omegaconf.errors import OmegaConfBaseException
 from specbench.core.errors import SpecbenchError
 from specbench.core.resources import CONFIG_DIR
 from specbench.engine.api import GenerationResult, Method, Prefilled
+from specbench.engine.budget import FIXED_SUFFIX
 from specbench.models import LoadedModel
 
 __all__ = [
@@ -350,6 +351,14 @@ def load_impl(impl: str, method: str) -> type:
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise SpecbenchError(f"method impl '{impl}' is not a specbench Method (subclass specbench.engine.Method)")
     return cls
+
+
+def method_label(method_cfg: DictConfig) -> str:
+    """The name a run's answers are filed and reported under: the method's name, with `-fixed`
+    when `method.budget=fixed` turns the draft budget off (`auto` is the default), so both can
+    be compared side by side in one answers folder."""
+    name = str(method_cfg.get("name"))
+    return name + FIXED_SUFFIX if str(method_cfg.get("budget", "")) == "fixed" else name
 
 
 def build_method(method_cfg: DictConfig, target: LoadedModel, model_cfg: DictConfig) -> Method:

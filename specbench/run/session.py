@@ -50,7 +50,7 @@ from specbench.run.config import check_values, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
 from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
-from specbench.run.registry import build_method
+from specbench.run.registry import build_method, method_label
 from specbench.run.shards import shard, shard_dir
 
 
@@ -168,11 +168,12 @@ class Session:
         if self.batch_size > 1 and method.batch_problem is not None:
             raise SpecbenchError(f"method '{method_cfg.name}' cannot run batched: {method.batch_problem}; run it with "
                                  "batch_size=1")
+        method.prepare(self.batch_size)  # untimed: e.g. the draft budget's cost curve for this device
         for run in range(1, int(self.cfg.runs) + 1):
             self.run_once(method, method_cfg, run)
 
     def run_once(self, method: Method, method_cfg: DictConfig, run: int) -> None:
-        folder = self.run_dir(method_cfg.name, run)
+        folder = self.run_dir(method_label(method_cfg), run)
         with locked(folder):
             self._run_once(method, method_cfg, run, folder)
 
@@ -182,7 +183,8 @@ class Session:
         done = {r["question_id"] for r in read_answers(folder / ANSWERS, repair=True)}
         repair_torn_tail(folder / ERRORS)  # a torn error row would glue onto the next one
         todo = method.stream([q for q in self.questions if q.question_id not in done])
-        label = f"{method_cfg.name} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
+        name = method_label(method_cfg)
+        label = f"{name} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
         if not todo:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
             return
@@ -216,7 +218,7 @@ class Session:
         before = self.guard.before()
         self.guard.start()
         try:
-            self.answer_all(method, method_cfg.name, run, folder, todo, label, kept=len(done))
+            self.answer_all(method, name, run, folder, todo, label, kept=len(done))
         except BaseException:
             self.write_measurements(folder, meta, previous, before, memory, method, label, failing=True)
             raise

@@ -1,0 +1,456 @@
+"""Hardware-aware draft budgets (`method.budget=auto`): each step verifies as much of a proposal
+as this device verifies profitably.
+
+Three parts, all outside the verifier, so what is emitted never changes:
+- `CostCurve`: the target's forward time against the rows it scores at once (and the context
+  length), measured at start-up on the device in use at the run's batch size and cached per
+  device, model, dtype and batch (`cost_curve`). While the run goes, `OnlineFit`s turn the curve
+  into the step's measured verification time (offset and scale follow the machine) and fit the
+  drafter's time against the nodes it proposes.
+- `AcceptanceModel`: the chance that a node is accepted once its parent is: the drafter's own
+  confidence (`DraftTree.confidence`), calibrated against what the target accepted so far, where
+  the tree is deterministic; else the running acceptance at the node's (depth, sibling rank).
+- `BudgetPolicy.select`: orders the proposal's nodes by their chance of being accepted (a parent
+  never after its child) and keeps the prefix that maximises expected tokens per second of the
+  step, (1 + expected accepted) / (drafting + verifying k + 1 rows). Before each proposal
+  `BudgetPolicy.budget` tells the drafter the chance a node must have to be worth drafting and
+  verifying, so drafters that build as they go (chains, EAGLE-2's levels) stop early.
+
+Lossless under sampling: with draft probabilities (sampled drafts) only position-based rates are
+used, never a drawn token's own confidence, so which nodes are kept does not depend on the drawn
+values; siblings drawn without replacement are kept as a prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specbench.engine.tree import DraftTree
+from specbench.engine.verifier import Verdict
+
+#: `method.budget`: auto (this module) | fixed (the method's preset, every node verified)
+BUDGET_MODES = ("auto", "fixed")
+#: rows at which start-up measures the target's forward (capped by the model's context)
+CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+COST_DIR_VAR = "SPECBENCH_COST_DIR"
+#: a run with `method.budget=fixed` is filed and reported as <method><FIXED_SUFFIX> (auto keeps the name)
+FIXED_SUFFIX = "-fixed"
+CURVE_VERSION = 1
+
+
+def cost_dir() -> Path:
+    """$SPECBENCH_COST_DIR if set, else ~/.cache/specbench/costs."""
+    env = os.environ.get(COST_DIR_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench" / "costs"
+
+
+@dataclass
+class CostCurve:
+    """Seconds of one target forward scoring `rows` new positions per batch row, at each of
+    `contexts` cached positions (seconds[c][r]); linear in between, extended linearly beyond."""
+
+    rows: list[int]
+    contexts: list[int]
+    seconds: list[list[float]]
+    batch: int = 1
+
+    def time(self, rows: float, context: float = 0.0) -> float:
+        return float(self.times(np.array([rows], dtype=float), context)[0])
+
+    def times(self, rows: np.ndarray, context: float = 0.0) -> np.ndarray:
+        at = [_interp(rows, self.rows, s) for s in self.seconds]  # per context: (len(rows),)
+        if len(at) == 1:
+            return at[0]
+        c0, c1 = self.contexts[0], self.contexts[-1]
+        w = (context - c0) / (c1 - c0)
+        return np.maximum(at[0] + w * (at[-1] - at[0]), 0.0)
+
+    @classmethod
+    def synthetic(cls, fn: Callable[[int], float], rows: tuple[int, ...] = CURVE_ROWS) -> CostCurve:
+        """A curve from a formula (tests, and what-if studies)."""
+        return cls(list(rows), [0], [[float(fn(r)) for r in rows]])
+
+
+def _interp(x: np.ndarray, xs: list[int], ys: list[float]) -> np.ndarray:
+    """np.interp, extended linearly past the last point."""
+    if len(xs) == 1:
+        return np.full(x.shape, float(ys[0]))
+    out = np.interp(x, xs, ys)
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), out)
+
+
+def monotone(ys: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): scoring more rows never
+    costs less; timing noise does not get to say otherwise."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in ys:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, c1), (m2, c2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2]
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def curve_key(model: Any, device: torch.device, dtype: torch.dtype, batch: int) -> dict[str, Any]:
+    """What a cached curve belongs to: the device, the model's architecture, the dtype, the batch."""
+    config = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
+    return {
+        "version": CURVE_VERSION, "device": device_name(device), "device_type": device.type,
+        "threads": torch.get_num_threads() if device.type == "cpu" else None, "torch": torch.__version__,
+        "model": hashlib.sha256(config.encode()).hexdigest()[:16], "dtype": str(dtype), "batch": batch,
+        "attention": getattr(model.config, "_attn_implementation", None),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: int | None = None) -> CostCurve:
+    """Time the target's forward on `rows` new positions over a cache of each context length
+    (random tokens; the median of `repeats` after a warm-up; made non-decreasing in rows)."""
+    model, device = target.model, target.device
+    limit = context_limit or 2048
+    contexts = sorted({max(8, min(64, limit // 8)), max(16, min(512, limit // 2))})
+    rows = [r for r in CURVE_ROWS if r + contexts[-1] < limit] or [1]
+    vocab = int(model.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    seconds = []
+    for context in contexts:
+        cache = target.new_cache()
+        if (record_past := getattr(cache, "activate_past_recording", None)) is not None:
+            record_past()  # sliding-window layers can then be cropped back after each timing
+        ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        at = []
+        for n in rows:
+            block = torch.randint(0, vocab, (batch, n), generator=gen).to(device)
+            times = []
+            for i in range(repeats + 1):
+                _sync(device)
+                t = time.perf_counter()
+                model(input_ids=block, cache=cache, use_cache=True)
+                _sync(device)
+                if i:
+                    times.append(time.perf_counter() - t)
+                cache.crop(-n)
+            at.append(float(np.median(times)))
+        seconds.append(monotone(at))
+    return CostCurve(rows, contexts, seconds, batch)
+
+
+def cost_curve(target: Any, batch: int = 1, context_limit: int | None = None) -> CostCurve:
+    """The target's cost curve on this device at this batch size: from the cache, else measured
+    now and cached (one JSON file per device, model, dtype and batch)."""
+    key = curve_key(target.model, target.device, target.dtype, batch)
+    path = cost_dir() / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json")
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key:
+            c = stored["curve"]
+            return CostCurve(list(c["rows"]), list(c["contexts"]), [list(s) for s in c["seconds"]], batch)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    curve = measure_curve(target, batch, context_limit=context_limit)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "curve": {"rows": curve.rows, "contexts": curve.contexts,
+                                                         "seconds": curve.seconds}}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measured again next run
+    return curve
+
+
+class OnlineFit:
+    """y ~ a + b x by least squares with exponential forgetting (recent steps count most). While x
+    barely varies the data cannot tell the slope: it is the prior `slope`, or with `slope=None`
+    y / x (all of y proportional to x). A bounded fit keeps the slope within [b0 / 4, 4 b0]."""
+
+    def __init__(self, slope: float | None = 1.0, decay: float = 0.97, bounded: bool = True) -> None:
+        self.b0, self.decay, self.bounded = slope, decay, bounded
+        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.w, self.sx, self.sy = d * self.w + 1, d * self.sx + x, d * self.sy + y
+        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
+
+    def coefficients(self) -> tuple[float, float]:
+        if self.w == 0:
+            return 0.0, self.b0 or 0.0
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx
+        b = self.b0 if self.b0 is not None else (my / mx if mx > 0 else 0.0)
+        if var > 1e-4 * max(mx * mx, 1e-12):
+            fitted = (self.sxy / self.w - mx * my) / var
+            b = min(max(fitted, b / 4), 4 * b) if self.bounded else max(fitted, 0.0)
+        return my - b * mx, b
+
+    def __call__(self, x: float) -> float:
+        a, b = self.coefficients()
+        return a + b * x
+
+
+#: calibration bins of a drafter's confidence (equal width over [0, 1])
+CONF_BINS = 20
+PRIOR = 2.0  # pseudo-observations behind every prior
+MAX_DEPTH, MAX_RANK = 32, 16
+
+
+class AcceptanceModel:
+    """The chance a node is accepted once its parent is (conditional acceptance), learned from the
+    verdicts of this run: per confidence bin (prior: the confidence itself) and per (depth,
+    sibling rank) (prior: the rate one level up, else 0.5 / (rank + 1))."""
+
+    def __init__(self) -> None:
+        self.tables: dict[torch.device, torch.Tensor] = {}  # calibration() per device, until the next observe
+        self.conf_hits = np.zeros(CONF_BINS)
+        self.conf_seen = np.zeros(CONF_BINS)
+        self.pos_hits = np.zeros((MAX_DEPTH + 1, MAX_RANK))
+        self.pos_seen = np.zeros((MAX_DEPTH + 1, MAX_RANK))
+
+    def calibration(self) -> np.ndarray:
+        """(CONF_BINS,) conditional acceptance per confidence bin."""
+        centers = (np.arange(CONF_BINS) + 0.5) / CONF_BINS
+        return (self.conf_hits + PRIOR * centers) / (self.conf_seen + PRIOR)
+
+    def calibrate(self, confidence: torch.Tensor) -> torch.Tensor:
+        """Conditional acceptance of nodes with these confidences (same shape, float)."""
+        table = self.tables.get(confidence.device)
+        if table is None:
+            table = self.tables[confidence.device] = torch.as_tensor(
+                self.calibration(), dtype=torch.float32, device=confidence.device)
+        return table[_bins(confidence)]
+
+    def rate(self, depth: int, rank: int = 0) -> float:
+        d, r = min(depth, MAX_DEPTH), min(rank, MAX_RANK - 1)
+        prior = 0.5 / (r + 1)
+        for up in range(d - 1, 0, -1):  # the nearest level above with data
+            if self.pos_seen[up, r] > 0:
+                prior = self.pos_hits[up, r] / self.pos_seen[up, r]
+                break
+        return float((self.pos_hits[d, r] + PRIOR * prior) / (self.pos_seen[d, r] + PRIOR))
+
+    def conditional(self, tree: DraftTree) -> torch.Tensor:
+        """(n,) each node's chance of acceptance once its parent is accepted."""
+        if tree.confidence is not None and tree.draft_probs is None:
+            return self.calibrate(tree.confidence.float()).cpu()
+        layout = tree.layout
+        ranks = _ranks(layout.children, tree.n)
+        return torch.tensor([self.rate(d, r) for d, r in zip(layout.depth, ranks)], dtype=torch.float32)
+
+    def node_probs(self, tree: DraftTree) -> torch.Tensor:
+        """(n,) each node's chance of being accepted: the product of conditionals along its path."""
+        cond = self.conditional(tree).clamp(1e-6, 1.0)
+        probs = torch.exp(tree.layout.on("node_ancestors", torch.device("cpu")) @ torch.log(cond))
+        if tree.kind == "without_replacement":  # keep such siblings as a prefix: never above an earlier one
+            for kids in tree.layout.children:
+                for a, b in zip(kids, kids[1:]):
+                    probs[b] = torch.minimum(probs[b], probs[a])
+        return probs
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        """Count every node whose parent was accepted: accepted or not."""
+        if tree.n == 0:
+            return
+        self.tables.clear()
+        layout = tree.layout
+        ranks = _ranks(layout.children, tree.n)
+        on_path = set(verdict.path)
+        conf = None
+        if tree.confidence is not None and tree.draft_probs is None:
+            conf = _bins(tree.confidence.float()).cpu().tolist()
+        for i, parent in enumerate(tree.parents):
+            if parent >= 0 and parent not in on_path:
+                continue
+            hit = float(i in on_path)
+            d, r = min(layout.depth[i], MAX_DEPTH), min(ranks[i], MAX_RANK - 1)
+            self.pos_seen[d, r] += 1
+            self.pos_hits[d, r] += hit
+            if conf is not None:
+                self.conf_seen[conf[i]] += 1
+                self.conf_hits[conf[i]] += hit
+
+
+def _bins(confidence: torch.Tensor) -> torch.Tensor:
+    return (confidence.clamp(0.0, 1.0) * CONF_BINS).long().clamp(max=CONF_BINS - 1)
+
+
+def _ranks(children: tuple[tuple[int, ...], ...], n: int) -> list[int]:
+    ranks = [0] * n
+    for kids in children:
+        for r, k in enumerate(kids):
+            ranks[k] = r
+    return ranks
+
+
+@dataclass
+class Budget:
+    """What a drafter is told before it proposes (`DraftContext.budget`; None under `fixed`).
+
+    tokens_per_s: the expected tokens per second of the last step's choice; verify_cost: what
+    one more verified row costs (seconds); unit_cost: what one unit of the drafter's work costs
+    (a draft forward, a head level: seconds, `DraftTree.work`). worth: the chance of acceptance
+    a chain's next token needs to be worth drafting and verifying. calibrate: a confidence
+    tensor -> the calibrated chance of acceptance given the parent (deterministic drafts only: a
+    sampled draft must not choose by a drawn token's confidence). rate(depth, rank): the running
+    conditional acceptance at a position. depth: the chain length whose last token is still
+    worth it under `rate` alone.
+    """
+
+    tokens_per_s: float
+    verify_cost: float
+    unit_cost: float
+    calibrate: Callable[[torch.Tensor], torch.Tensor]
+    rate: Callable[[int, int], float]
+    depth: int
+
+    @property
+    def worth(self) -> float:
+        return self.tokens_per_s * (self.verify_cost + self.unit_cost)
+
+    def extend(self, reach: torch.Tensor, depth: int) -> bool:
+        """Whether one more unit of work (a level at `depth` under nodes reached with chances
+        `reach`, each adding its best child) is expected to pay: the tokens its children add
+        beyond their verification cost, against the unit's cost."""
+        child = reach * self.rate(depth, 0)
+        gain = float((child - self.tokens_per_s * self.verify_cost).clamp(min=0).sum())
+        return gain >= self.tokens_per_s * self.unit_cost
+
+
+@dataclass
+class BudgetPolicy:
+    """One per method run (all rows of a batch share it): the two models and the choice."""
+
+    curve: CostCurve
+    accept: AcceptanceModel = field(default_factory=AcceptanceModel)
+    max_depth: int = MAX_DEPTH
+
+    def __post_init__(self) -> None:
+        self.verify_fit = OnlineFit(slope=1.0)  # measured verify seconds ~ a + b * curve seconds
+        self.draft_fit = OnlineFit(slope=None, bounded=False)  # measured draft seconds ~ a + b * drafter work
+        self.rate_now = 0.0  # the chosen prefix's expected tokens per second, last step
+        self.marginal = 0.0  # seconds one more verified row costs there
+
+    # -- the models -----------------------------------------------------------------------------
+
+    def verify_time(self, rows: np.ndarray, context: float) -> np.ndarray:
+        """A row's share of a step verifying `rows` rows per batch row (the batch shares the forward)."""
+        a, b = self.verify_fit.coefficients()
+        return (a + b * self.curve.times(rows, context)) / self.curve.batch
+
+    def draft_time(self, work: int) -> float:
+        return max(self.draft_fit(float(work)), 0.0)
+
+    def draft_seen(self, work: float, share: float = 1.0) -> Callable[[float], None]:
+        """Where a step's measured drafting seconds go (`work` units of the drafter; a batch's
+        rows each count their `share` of the step's drafting)."""
+        return lambda seconds: self.draft_fit.add(float(work), seconds * share)
+
+    def verify_seen(self, rows: int, context: float) -> Callable[[float], None]:
+        """Where a step's measured verification seconds go (`rows` scored over `context` cached)."""
+        return lambda seconds: self.verify_fit.add(self.curve.time(rows, context), seconds)
+
+    # -- the choice -----------------------------------------------------------------------------
+
+    def budget(self) -> Budget:
+        """The thresholds for the next proposal, from the last step's rate and marginal cost."""
+        unit = max(self.draft_fit.coefficients()[1], 0.0)
+        worth = self.rate_now * (self.marginal + unit)
+        depth, reach = 0, 1.0
+        while depth < self.max_depth:
+            reach *= self.accept.rate(depth + 1, 0)
+            if reach < worth:
+                break
+            depth += 1
+        return Budget(self.rate_now, self.marginal, unit, self.accept.calibrate, self.accept.rate, max(depth, 1))
+
+    def select(self, tree: DraftTree, context: float, work: int | None = None) -> DraftTree:
+        """The prefix of `tree`'s nodes, by chance of acceptance, with the most expected tokens per
+        second of the step (its drafting, `work` units, counted in); the aux block (Lookahead's
+        window) is always kept."""
+        n = tree.n
+        aux = tree.aux.k if tree.aux is not None else 0
+        draft = self.draft_time(n if work is None else work)
+        if n == 0:
+            self._remember(np.array([1.0]), draft + self.verify_time(np.array([1 + aux]), context), 0, context, aux)
+            return tree
+        probs = self.accept.node_probs(tree)
+        order = torch.sort(-probs, stable=True).indices  # a parent's chance >= its child's: parents first
+        value = np.concatenate([[1.0], 1.0 + np.cumsum(probs[order].numpy())])
+        cost = draft + self.verify_time(np.arange(n + 1) + 1 + aux, context)
+        k = self._remember(value, cost, n, context, aux)
+        if k == n:
+            return tree
+        keep = sorted(order[:k].tolist())
+        return tree.prune(keep) if tree.aux is not None else tree.select(keep)
+
+    def _remember(self, value: np.ndarray, cost: np.ndarray, n: int, context: float, aux: int) -> int:
+        rates = value / np.maximum(cost, 1e-9)
+        # At least the likeliest node when there is one: what is never verified is never learnt (a
+        # pessimistic start would otherwise stay pessimistic), and one row costs little.
+        k = max(int(np.argmax(rates)), min(n, 1))
+        self.rate_now = float(rates[k])
+        pair = self.verify_time(np.array([k + 1 + aux, k + 2 + aux]), context)
+        self.marginal = max(float(pair[1] - pair[0]), 0.0)
+        return k
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        self.accept.observe(tree, verdict)
+
+
+class StepClock:
+    """Seconds of a step's phases for the budget, without stalling a GPU: CPU reads perf counters;
+    CUDA records events and hands a span over once its end event has completed (a step or more
+    later)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.waiting: list[tuple[Any, Any, Callable[[float], None]]] = []
+
+    def now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def span(self, start: Any, end: Any, use: Callable[[float], None]) -> None:
+        """Call `use(seconds)` with the time from `start` to `end` (now on CPU, later on CUDA)."""
+        if not self.cuda:
+            use(end - start)
+            return
+        self.waiting.append((start, end, use))
+        done = [w for w in self.waiting if w[1].query()]
+        self.waiting = [w for w in self.waiting if not w[1].query()]
+        for a, b, fn in done:
+            fn(a.elapsed_time(b) / 1e3)
+

@@ -1,0 +1,188 @@
+"""Draft budgets (`method.budget=auto`, engine.budget): the policy's choice against synthetic cost
+curves, the acceptance model, losslessness under sampling, and auto against fixed end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_lossless import (
+    assert_matches_baseline,
+    chi_square_p,
+    drafts,  # noqa: F401 - fixture
+    method_cfg,
+    sample_first_tokens,
+    targets,  # noqa: F401 - fixture
+)
+
+from specbench.core.errors import SpecbenchError
+from specbench.core.sampling import SamplingParams
+from specbench.engine import DraftTree, Verdict, verify_sampled
+from specbench.engine.budget import AcceptanceModel, BudgetPolicy, CostCurve, OnlineFit, monotone
+from specbench.run.registry import build_method, method_label
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PARAMS = SamplingParams(temperature=1.0)
+
+
+def confident_chain(n: int = 30, confidence: float = 0.8) -> DraftTree:
+    return DraftTree(torch.arange(n), tuple(range(-1, n - 1)), confidence=torch.full((n,), confidence))
+
+
+def test_cheaper_verification_buys_a_larger_budget():
+    """The same proposal under three synthetic cost curves: the cheaper each extra verified row,
+    the more nodes the policy keeps; free verification keeps them all."""
+    tree = confident_chain()
+    kept = {}
+    for name, slope in (("steep", 0.01), ("gentle", 0.0005), ("free", 0.0)):
+        policy = BudgetPolicy(CostCurve.synthetic(lambda rows, s=slope: 0.01 + s * rows))
+        kept[name] = policy.select(tree, context=100).n
+    assert kept["steep"] < kept["gentle"] < kept["free"] == tree.n
+    assert kept["steep"] >= 1  # a node at 0.8 pays even there
+
+
+def test_the_choice_keeps_the_likeliest_nodes_and_a_tree():
+    """A tree whose second branch the drafter is sure of: the prefix kept is closed under parents
+    and holds the confident nodes first."""
+    parents = (-1, -1, 0, 1, 1, 3)
+    confidence = torch.tensor([0.05, 0.95, 0.05, 0.9, 0.05, 0.9])
+    tree = DraftTree(torch.arange(6), parents, confidence=confidence)
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.002 * rows))
+    kept = policy.select(tree, context=10)
+    assert kept.tokens.tolist() == [1, 3, 5]
+    assert kept.parents == (-1, 0, 1)
+    assert kept.confidence.tolist() == pytest.approx([0.95, 0.9, 0.9])
+
+
+def test_lookahead_windows_survive_the_choice():
+    """Pruning keeps the aux block and drops the pruned nodes' columns from its mask."""
+    from specbench.engine import AuxBlock
+
+    tree = DraftTree(torch.arange(4), (-1, 0, -1, 2), confidence=torch.tensor([0.9, 0.9, 0.01, 0.01]))
+    attend = torch.ones(2, 1 + 4 + 2, dtype=torch.bool)
+    attend[:, 3] = False  # the aux rows do not see node 2
+    tree.aux = AuxBlock(torch.tensor([7, 8]), torch.tensor([1, 2]), attend)
+    kept = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.004 * rows)).select(tree, context=10)
+    assert kept.n == 2 and kept.aux is not None
+    assert kept.aux.attend.shape == (2, 1 + 2 + 2)
+    assert kept.aux.tokens.tolist() == [7, 8]
+
+
+def test_the_acceptance_model_learns_from_verdicts():
+    model = AcceptanceModel()
+    tree = DraftTree(torch.arange(3), (-1, 0, 1), confidence=torch.tensor([0.3, 0.3, 0.3]))
+    for _ in range(200):  # depth 1 always accepted, depth 2 never
+        model.observe(tree, Verdict([0], [0], 5))
+    assert model.rate(1) > 0.95 and model.rate(2) < 0.05
+    assert model.rate(3) < 0.05  # unseen: the prior is the nearest level above's
+    assert model.rate(1, 1) == pytest.approx(0.25)  # no sibling seen: 0.5 / (rank + 1)
+    calibrated = model.calibrate(torch.tensor([0.3]))
+    assert float(calibrated[0]) == pytest.approx(0.5, abs=0.02)  # 200 of 400 nodes at conf 0.3 accepted
+
+
+def test_fits_follow_the_machine():
+    fit = OnlineFit(slope=1.0)
+    for x in range(1, 30):
+        fit.add(float(x), 0.002 + 2.0 * x)
+    a, b = fit.coefficients()
+    assert b == pytest.approx(2.0, rel=1e-3) and a == pytest.approx(0.002, abs=1e-3)
+    proportional = OnlineFit(slope=None, bounded=False)
+    for _ in range(5):
+        proportional.add(6.0, 0.03)  # one work size only: all of the time is per unit
+    assert proportional.coefficients()[1] == pytest.approx(0.005)
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+
+
+def test_batch_size_moves_the_budget():
+    """The curve is measured at the run's batch size: where 4 rows of k nodes cost what one row of
+    4k does (compute-bound), each row's extra node costs more against the step's fixed part, so
+    a batch of 4 verifies fewer nodes per row than batch 1."""
+    one = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.004 * rows))
+    four = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 4 * 0.004 * rows))
+    four.curve.batch = 4
+    tree = confident_chain(confidence=0.9)
+    assert 1 <= four.select(tree, 10).n < one.select(tree, 10).n
+
+
+# --- sampling: pruned drafts keep the target's distribution --------------------------------------
+
+
+class PolicyPrune:
+    """The budget's choice (a curve steep enough that it prunes often), learning as it goes."""
+
+    def __init__(self, slope: float = 0.0015) -> None:
+        self.policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + slope * rows))
+        self.proposed = self.kept = self.branched = 0
+
+    def __call__(self, tree: DraftTree, prev: int, p_table: torch.Tensor) -> DraftTree:
+        if tree.draft_probs is None:  # deterministic: the drafter's own confidence, its probability at the parent
+            rows = [prev, *tree.tokens.tolist()]
+            tree.confidence = torch.stack([p_table[rows[p + 1], t] for p, t in zip(tree.parents, tree.tokens)])
+        kept = self.policy.select(tree, context=10)
+        self.proposed, self.kept = self.proposed + tree.n, self.kept + kept.n
+        self.branched += kept.n >= 2
+        return kept
+
+    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        self.policy.observe(tree, verdict)
+
+
+class DrawnValuePrune(PolicyPrune):
+    """What the budget must not do: cut a sampled chain where a drawn token is unlikely under the draft."""
+
+    def __call__(self, tree: DraftTree, prev: int, p_table: torch.Tensor) -> DraftTree:
+        rows = [prev, *tree.tokens.tolist()]
+        keep = []
+        for i, token in enumerate(tree.tokens.tolist()):
+            if float(p_table[rows[i], token]) < 0.3:
+                break
+            keep.append(i)
+        return tree.select(keep)
+
+
+@pytest.mark.parametrize("kind", ["chain", "iid", "without_replacement", "deterministic"])
+def test_pruned_drafts_follow_the_target(kind):
+    prune = PolicyPrune(slope=0.0008 if kind == "chain" else 0.0015)  # 3 chain nodes against 39 tree nodes
+    counts, exact = sample_first_tokens(kind, PARAMS, verify_sampled, draws=3000, depth=3, shape=prune)
+    assert prune.kept < 0.9 * prune.proposed and prune.branched > 100  # it pruned, and kept more than one node often
+    assert chi_square_p(counts, exact) > 1e-3
+
+
+def test_pruning_by_drawn_values_fails_the_same_test():
+    counts, exact = sample_first_tokens("chain", PARAMS, verify_sampled, draws=3000, depth=3, shape=DrawnValuePrune())
+    assert chi_square_p(counts, exact) < 1e-6
+
+
+# --- end to end -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cost_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_COST_DIR", str(tmp_path / "costs"))
+    return tmp_path / "costs"
+
+
+@pytest.mark.parametrize("name", ["sps", "pld"])
+def test_auto_and_fixed_emit_the_baseline_tokens(targets, drafts, cost_dir, name):  # noqa: F811
+    """Greedy: the budget changes how much is verified, never what is emitted; `auto` records the
+    proposal sizes it chose from, and measures its cost curve once (cached)."""
+    target = targets["llama"]
+    extra = {"draft": str(drafts["llama"]["noisy"])} if name == "sps" else {}
+    results = {}
+    for budget in ("auto", "fixed"):
+        method = build_method(method_cfg(name, budget=budget, **extra), target, {})
+        method.prepare(1)
+        results[budget] = assert_matches_baseline(method, target)
+    stats = [r.stats for r in results["auto"] if r.stats.get("steps")]
+    assert stats and all(s["budget"] == "auto" for s in stats)
+    assert all(v <= p for s in stats for v, p in zip(s["draft_lengths"], s["proposed_lengths"], strict=True))
+    assert all("proposed_lengths" not in r.stats for r in results["fixed"])
+    assert len(list(cost_dir.glob("*.json"))) == 1
+
+
+def test_budget_setting_is_checked_and_labels_the_run(targets):  # noqa: F811
+    with pytest.raises(SpecbenchError, match="budget must be one of auto, fixed"):
+        build_method(method_cfg("pld", budget="half"), targets["llama"], {})
+    with pytest.raises(SpecbenchError, match="has no setting 'budget'"):
+        build_method(method_cfg("baseline", budget="auto"), targets["llama"], {})
+    assert method_label(method_cfg("pld", budget="fixed")) == "pld-fixed"
+    assert method_label(method_cfg("pld")) == "pld"
