@@ -69,8 +69,8 @@ leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 
 
 leaderboard-budget: install  ## draft budgets side by side: each speculative method with budget=auto and =fixed, then the report
 	$(PY) -m specbench zoo build
-	methods="$$($(PY) -m specbench methods --names --suite leaderboard | tr ',' '\n' | grep -vx baseline | paste -sd,)" && \
-	$(PY) -m specbench -m run method=$$methods ++method.budget=auto,fixed $(BUDGET_ARGS) output_dir=$(BUDGET_ANSWERS)
+	methods="$$($(PY) -m specbench methods --names --suite leaderboard)" && \
+	$(PY) -m specbench -m run method=$$methods budget=auto,fixed $(BUDGET_ARGS) output_dir=$(BUDGET_ANSWERS)
 	$(PY) -m specbench report $(BUDGET_ANSWERS) --out $(LEADERBOARD_OUT)/budget
 
 leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report

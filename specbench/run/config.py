@@ -15,6 +15,7 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.prompts import TEMPLATES
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
+from specbench.engine.budget import BUDGET_MODES
 from specbench.run.registry import discover, register_with_hydra
 
 GROUPS = ("model", "method", "task", "dataset", "sweep")
@@ -137,6 +138,8 @@ def check_values(cfg: DictConfig) -> None:
     if not _is_int(cfg.get("batch_queue", 1)) or cfg.get("batch_queue", 1) < 1:
         fail(f"batch_queue must be a positive integer (questions per timed sequence, in batch sizes), "
              f"got {cfg.batch_queue!r}")
+    if cfg.get("budget") not in (None, *BUDGET_MODES):
+        fail(f"budget must be one of {', '.join(BUDGET_MODES)} or null (each method's own), got {cfg.budget!r}")
     if not _is_int(cfg.warmup) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
     if not _is_int(cfg.seed) or not 0 <= cfg.seed < 2**63:

@@ -164,6 +164,7 @@ class Session:
         return folder / shard_dir(c.shard) if c.shard else folder
 
     def run_method(self, method_cfg: DictConfig) -> None:
+        method_cfg = with_run_budget(method_cfg, self.cfg.get("budget"))
         method = build_method(method_cfg, self.target, self.cfg.model)
         if self.batch_size > 1 and method.batch_problem is not None:
             raise SpecbenchError(f"method '{method_cfg.name}' cannot run batched: {method.batch_problem}; run it with "
@@ -513,6 +514,14 @@ class Answer:
             "choices": [{"index": 0, **self.choice, "accept_lengths": self.accept}],
             EXTRA_KEY: {"subtask": q.subtask, **self.extra},
         }
+
+
+def with_run_budget(method_cfg: DictConfig, budget: str | None) -> DictConfig:
+    """The run-wide `budget=auto|fixed` applied to a method with a draft budget (its `budget` key);
+    other methods (the baseline) and `budget=null` keep their config."""
+    if budget is None or "budget" not in method_cfg:
+        return method_cfg
+    return OmegaConf.merge(method_cfg, {"budget": budget})
 
 
 def run(cfg: DictConfig) -> Session:
