@@ -205,8 +205,9 @@ class Datastore:
         return conts
 
 
-def top_trie(conts: np.ndarray, budget: int) -> tuple[list[int], list[int]]:
-    """The `budget` most frequent prefixes of the continuations as a trie: (tokens, parents).
+def top_trie(conts: np.ndarray, budget: int, with_counts: bool = False) -> tuple[list[int], ...]:
+    """The `budget` most frequent prefixes of the continuations as a trie: (tokens, parents), and
+    with `with_counts` each node's count (continuations that start with its prefix).
 
     Nodes are sorted by (count desc, depth asc); a parent is at least as frequent as its
     children and shallower, so the choice is closed under parents. Returned in topological
@@ -233,6 +234,7 @@ def top_trie(conts: np.ndarray, budget: int) -> tuple[list[int], list[int]]:
     chosen = chosen[np.lexsort((row[chosen], col[chosen]))]  # topological: by depth, then row
     tokens: list[int] = []
     parents: list[int] = []
+    chosen_counts = counts[chosen].tolist()
     by_depth: dict[int, tuple[list[int], list[int]]] = {}  # depth -> (start rows, node indices)
     for i, (c, r, t) in enumerate(zip(col[chosen].tolist(), row[chosen].tolist(), tok[chosen].tolist())):
         parent = -1
@@ -245,4 +247,4 @@ def top_trie(conts: np.ndarray, budget: int) -> tuple[list[int], list[int]]:
         entry[1].append(i)
         tokens.append(t)
         parents.append(parent)
-    return tokens, parents
+    return (tokens, parents, chosen_counts) if with_counts else (tokens, parents)

@@ -30,19 +30,21 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from specbench.engine.tree import DraftTree
+from specbench.engine.tree import DraftTree, layout_of
 from specbench.engine.verifier import Verdict
 
 #: `method.budget`: auto (this module) | fixed (the method's preset, every node verified)
 BUDGET_MODES = ("auto", "fixed")
 #: rows at which start-up measures the target's forward (capped by the model's context)
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
 #: a run with `method.budget=fixed` is filed and reported as <method><FIXED_SUFFIX> (auto keeps the name)
 FIXED_SUFFIX = "-fixed"
@@ -66,15 +68,28 @@ class CostCurve:
     batch: int = 1
 
     def time(self, rows: float, context: float = 0.0) -> float:
-        return float(self.times(np.array([rows], dtype=float), context)[0])
+        return float(self.times(np.array([rows]), context)[0])
 
     def times(self, rows: np.ndarray, context: float = 0.0) -> np.ndarray:
-        at = [_interp(rows, self.rows, s) for s in self.seconds]  # per context: (len(rows),)
+        tables = self._dense()
+        index = np.asarray(rows).astype(np.int64)
+        if index.size and index.max() < tables.shape[1] and index.min() >= 0 and (index == rows).all():
+            at = tables[:, index]  # per context: (len(rows),), read from the table
+        else:
+            at = np.stack([_interp(np.asarray(rows, dtype=float), self.rows, s) for s in self.seconds])
         if len(at) == 1:
             return at[0]
         c0, c1 = self.contexts[0], self.contexts[-1]
         w = (context - c0) / (c1 - c0)
         return np.maximum(at[0] + w * (at[-1] - at[0]), 0.0)
+
+    def _dense(self) -> np.ndarray:
+        """(contexts, DENSE_ROWS) the curve at every whole row count, built once: a step's lookups
+        are then indexing, not interpolation."""
+        if getattr(self, "_table", None) is None:
+            grid = np.arange(DENSE_ROWS, dtype=float)
+            self._table = np.stack([_interp(grid, self.rows, s) for s in self.seconds])
+        return self._table
 
     @classmethod
     def synthetic(cls, fn: Callable[[int], float], rows: tuple[int, ...] = CURVE_ROWS) -> CostCurve:
@@ -192,7 +207,8 @@ def cost_curve(target: Any, batch: int = 1, context_limit: int | None = None) ->
 class OnlineFit:
     """y ~ a + b x by least squares with exponential forgetting (recent steps count most). While x
     barely varies the data cannot tell the slope: it is the prior `slope`, or with `slope=None`
-    y / x (all of y proportional to x). A bounded fit keeps the slope within [b0 / 4, 4 b0]."""
+    y / x (all of y proportional to x). A bounded fit keeps the slope within [b0 / 2, 2 b0]: a
+    step's block varies little, so the data tell the level far better than the slope."""
 
     def __init__(self, slope: float | None = 1.0, decay: float = 0.97, bounded: bool = True) -> None:
         self.b0, self.decay, self.bounded = slope, decay, bounded
@@ -211,7 +227,7 @@ class OnlineFit:
         b = self.b0 if self.b0 is not None else (my / mx if mx > 0 else 0.0)
         if var > 1e-4 * max(mx * mx, 1e-12):
             fitted = (self.sxy / self.w - mx * my) / var
-            b = min(max(fitted, b / 4), 4 * b) if self.bounded else max(fitted, 0.0)
+            b = min(max(fitted, b / 2), 2 * b) if self.bounded else max(fitted, 0.0)
         return my - b * mx, b
 
     def __call__(self, x: float) -> float:
@@ -231,11 +247,15 @@ class AcceptanceModel:
     sibling rank) (prior: the rate one level up, else 0.5 / (rank + 1))."""
 
     def __init__(self) -> None:
-        self.tables: dict[torch.device, torch.Tensor] = {}  # calibration() per device, until the next observe
         self.conf_hits = np.zeros(CONF_BINS)
         self.conf_seen = np.zeros(CONF_BINS)
         self.pos_hits = np.zeros((MAX_DEPTH + 1, MAX_RANK))
         self.pos_seen = np.zeros((MAX_DEPTH + 1, MAX_RANK))
+        self._changed()
+
+    def _changed(self) -> None:
+        self.tables: dict[torch.device, torch.Tensor] = {}  # calibration() per device, until the next observe
+        self._rates: np.ndarray | None = None
 
     def calibration(self) -> np.ndarray:
         """(CONF_BINS,) conditional acceptance per confidence bin."""
@@ -250,22 +270,25 @@ class AcceptanceModel:
                 self.calibration(), dtype=torch.float32, device=confidence.device)
         return table[_bins(confidence)]
 
+    def rates(self) -> np.ndarray:
+        """(MAX_DEPTH + 1, MAX_RANK) conditional acceptance per (depth, sibling rank)."""
+        if self._rates is None:
+            prior = np.tile(0.5 / (np.arange(MAX_RANK) + 1), (MAX_DEPTH + 1, 1))
+            for d in range(2, MAX_DEPTH + 1):  # the nearest level above with data
+                seen = self.pos_seen[d - 1] > 0
+                prior[d] = np.where(seen, self.pos_hits[d - 1] / np.maximum(self.pos_seen[d - 1], 1), prior[d - 1])
+            self._rates = (self.pos_hits + PRIOR * prior) / (self.pos_seen + PRIOR)
+        return self._rates
+
     def rate(self, depth: int, rank: int = 0) -> float:
-        d, r = min(depth, MAX_DEPTH), min(rank, MAX_RANK - 1)
-        prior = 0.5 / (r + 1)
-        for up in range(d - 1, 0, -1):  # the nearest level above with data
-            if self.pos_seen[up, r] > 0:
-                prior = self.pos_hits[up, r] / self.pos_seen[up, r]
-                break
-        return float((self.pos_hits[d, r] + PRIOR * prior) / (self.pos_seen[d, r] + PRIOR))
+        return float(self.rates()[min(depth, MAX_DEPTH), min(rank, MAX_RANK - 1)])
 
     def conditional(self, tree: DraftTree) -> torch.Tensor:
         """(n,) each node's chance of acceptance once its parent is accepted."""
         if tree.confidence is not None and tree.draft_probs is None:
             return self.calibrate(tree.confidence.float()).cpu()
-        layout = tree.layout
-        ranks = _ranks(layout.children, tree.n)
-        return torch.tensor([self.rate(d, r) for d, r in zip(layout.depth, ranks)], dtype=torch.float32)
+        depth, rank, _ = _positions(tree.parents)
+        return torch.from_numpy(self.rates()[depth, rank]).float()
 
     def node_probs(self, tree: DraftTree) -> torch.Tensor:
         """(n,) each node's chance of being accepted: the product of conditionals along its path."""
@@ -281,35 +304,35 @@ class AcceptanceModel:
         """Count every node whose parent was accepted: accepted or not."""
         if tree.n == 0:
             return
-        self.tables.clear()
-        layout = tree.layout
-        ranks = _ranks(layout.children, tree.n)
-        on_path = set(verdict.path)
-        conf = None
+        depth, rank, parent_rows = _positions(tree.parents)
+        accepted = np.zeros(tree.n + 1, dtype=bool)  # per row (0 = the root, always "accepted")
+        accepted[0] = True
+        accepted[np.asarray(verdict.path, dtype=np.int64) + 1] = True
+        seen = accepted[parent_rows]
+        hit = accepted[1:][seen].astype(float)
+        np.add.at(self.pos_seen, (depth[seen], rank[seen]), 1.0)
+        np.add.at(self.pos_hits, (depth[seen], rank[seen]), hit)
         if tree.confidence is not None and tree.draft_probs is None:
-            conf = _bins(tree.confidence.float()).cpu().tolist()
-        for i, parent in enumerate(tree.parents):
-            if parent >= 0 and parent not in on_path:
-                continue
-            hit = float(i in on_path)
-            d, r = min(layout.depth[i], MAX_DEPTH), min(ranks[i], MAX_RANK - 1)
-            self.pos_seen[d, r] += 1
-            self.pos_hits[d, r] += hit
-            if conf is not None:
-                self.conf_seen[conf[i]] += 1
-                self.conf_hits[conf[i]] += hit
+            bins = _bins(tree.confidence.float()).cpu().numpy()[seen]
+            np.add.at(self.conf_seen, bins, 1.0)
+            np.add.at(self.conf_hits, bins, hit)
+        self._changed()
+
+
+@lru_cache(maxsize=1024)
+def _positions(parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node of a topology: its depth and sibling rank (capped to the model's table) and its
+    parent's row (0 = the root)."""
+    layout = layout_of(parents)
+    rank = np.zeros(len(parents), dtype=np.int64)
+    for kids in layout.children:
+        rank[list(kids)] = np.arange(len(kids))
+    depth = np.minimum(np.asarray(layout.depth, dtype=np.int64), MAX_DEPTH)
+    return depth, np.minimum(rank, MAX_RANK - 1), np.asarray(parents, dtype=np.int64) + 1
 
 
 def _bins(confidence: torch.Tensor) -> torch.Tensor:
     return (confidence.clamp(0.0, 1.0) * CONF_BINS).long().clamp(max=CONF_BINS - 1)
-
-
-def _ranks(children: tuple[tuple[int, ...], ...], n: int) -> list[int]:
-    ranks = [0] * n
-    for kids in children:
-        for r, k in enumerate(kids):
-            ranks[k] = r
-    return ranks
 
 
 @dataclass
@@ -331,11 +354,20 @@ class Budget:
     unit_cost: float
     calibrate: Callable[[torch.Tensor], torch.Tensor]
     rate: Callable[[int, int], float]
-    depth: int
 
     @property
     def worth(self) -> float:
         return self.tokens_per_s * (self.verify_cost + self.unit_cost)
+
+    @property
+    def depth(self) -> int:
+        depth, reach, worth = 0, 1.0, self.worth
+        while depth < MAX_DEPTH:
+            reach *= self.rate(depth + 1, 0)
+            if reach < worth:
+                break
+            depth += 1
+        return max(depth, 1)
 
     def extend(self, reach: torch.Tensor, depth: int) -> bool:
         """Whether one more unit of work (a level at `depth` under nodes reached with chances
@@ -352,7 +384,6 @@ class BudgetPolicy:
 
     curve: CostCurve
     accept: AcceptanceModel = field(default_factory=AcceptanceModel)
-    max_depth: int = MAX_DEPTH
 
     def __post_init__(self) -> None:
         self.verify_fit = OnlineFit(slope=1.0)  # measured verify seconds ~ a + b * curve seconds
@@ -384,14 +415,7 @@ class BudgetPolicy:
     def budget(self) -> Budget:
         """The thresholds for the next proposal, from the last step's rate and marginal cost."""
         unit = max(self.draft_fit.coefficients()[1], 0.0)
-        worth = self.rate_now * (self.marginal + unit)
-        depth, reach = 0, 1.0
-        while depth < self.max_depth:
-            reach *= self.accept.rate(depth + 1, 0)
-            if reach < worth:
-                break
-            depth += 1
-        return Budget(self.rate_now, self.marginal, unit, self.accept.calibrate, self.accept.rate, max(depth, 1))
+        return Budget(self.rate_now, self.marginal, unit, self.accept.calibrate, self.accept.rate)
 
     def select(self, tree: DraftTree, context: float, work: int | None = None) -> DraftTree:
         """The prefix of `tree`'s nodes, by chance of acceptance, with the most expected tokens per

@@ -67,10 +67,14 @@ class RestDrafter(Drafter):
         if match is None:
             return DraftTree.empty(ctx.device)
         conts = self.store.continuations(match, depth, self.max_matches)
-        tokens, parents = ds.top_trie(conts, self.num_draft)
+        tokens, parents, counts = ds.top_trie(conts, self.num_draft, with_counts=True)
         if not tokens:
             return DraftTree.empty(ctx.device)
-        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=ctx.device), tuple(parents))
+        # Confidence: the share of the parent's continuations that go on with this token.
+        above = [len(conts) if p < 0 else counts[p] for p in parents]
+        confidence = torch.tensor([c / max(a, 1) for c, a in zip(counts, above)])
+        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=ctx.device), tuple(parents),
+                         confidence=confidence)
 
 
 class REST(SpeculativeMethod):
