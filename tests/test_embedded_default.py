@@ -5,14 +5,18 @@ import shutil
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from specbench.analysis import report
 from specbench.core.resources import CONFIG_DIR
 from specbench.run import session as runner
 from specbench.run.config import options
+from specbench.run.registry import method_label
 
 METHODS = [m for m in options("method") if m != "baseline"]
 LOSSY = ["specdec_lossy"]  # labelled lossy options: audited, expected to differ
+#: the name each method's answers are reported under (`<name>-fixed` where its YAML keeps budget: fixed)
+LABEL = {m: method_label(OmegaConf.load(CONFIG_DIR / "method" / f"{m}.yaml")) for m in ["baseline", *METHODS]}
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +55,14 @@ def test_trained_drafters_batch_losslessly_on_the_zoo(answers_dir, tmp_path):
         zoo_run(out, f"method={method}", "batch_size=3", "baseline=false")
     groups = [report.analyse(g) for g in report.group_runs(report.load_runs(out))]
     (batched,) = [g for g in groups if g.batch == 3]
-    assert {r.method for r in batched.results} == {"baseline", *BATCHED}
+    assert {r.method for r in batched.results} == {LABEL[m] for m in ["baseline", *BATCHED]}
     for result in batched.results:
         assert result.audit["compared"] == 6 and result.audit["equal"] == 6, (result.method, result.audit)
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m not in LOSSY])
 def test_method_is_lossless_on_the_zoo(results, method):
-    result = next(r for r in results.results if r.method == method)
+    result = next(r for r in results.results if r.method == LABEL[method])
     audit = result.audit
     assert audit["compared"] == 6 and audit["equal"] == 6, audit["mismatches"]
     assert result.rows["overall"]["mean_accepted"] >= 1.0
@@ -74,7 +78,7 @@ def test_the_lossy_option_is_audited_not_hidden(results):
 
 
 def test_report_sees_every_method(results):
-    assert {r.method for r in results.results} == {"baseline", *METHODS}
+    assert {r.method for r in results.results} == set(LABEL.values())
     assert not results.problems
 
 
