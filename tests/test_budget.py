@@ -53,6 +53,24 @@ def test_the_choice_keeps_the_likeliest_nodes_and_a_tree():
     assert kept.confidence.tolist() == pytest.approx([0.95, 0.9, 0.9])
 
 
+def test_every_choice_is_a_tree():
+    """Random trees with near-certain nodes (where rounding could put a child above its parent):
+    the prefix kept is always closed under parents, and its nodes are the likeliest."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        parents = tuple(int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n))
+        confidence = 1 - torch.rand(n, generator=gen) ** 4 * (0.5 if trial % 2 else 1e-3)
+        tree = DraftTree(torch.arange(n), parents, confidence=confidence if trial % 3 else None)
+        slope = float(torch.rand(1, generator=gen)) * 0.01
+        policy = BudgetPolicy(CostCurve.synthetic(lambda rows, s=slope: 0.01 + s * rows))
+        policy.accept.pos_seen[:] = 1e4  # positional rates learnt at or near 1 (nodes without confidence)
+        misses = (torch.rand(policy.accept.pos_hits.shape, generator=gen) < 0.5).numpy()  # else exactly 1
+        policy.accept.pos_hits[:] = 1e4 - misses * torch.rand(misses.shape, generator=gen).numpy()
+        kept = policy.select(tree, 10)
+        assert 1 <= kept.n <= n  # DraftTree itself refuses a node whose parent was dropped
+
+
 def test_lookahead_windows_survive_the_choice():
     """Pruning keeps the aux block and drops the pruned nodes' columns from its mask."""
     from specbench.engine import AuxBlock

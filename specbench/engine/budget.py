@@ -292,8 +292,11 @@ class AcceptanceModel:
 
     def node_probs(self, tree: DraftTree) -> torch.Tensor:
         """(n,) each node's chance of being accepted: the product of conditionals along its path."""
-        cond = self.conditional(tree).clamp(1e-6, 1.0)
-        probs = torch.exp(tree.layout.on("node_ancestors", torch.device("cpu")) @ torch.log(cond))
+        cond = self.conditional(tree).clamp(1e-6, 1.0).tolist()
+        reach: list[float] = []
+        for c, parent in zip(cond, tree.parents):  # parents come first; c <= 1, so a child never passes its parent
+            reach.append(c if parent < 0 else reach[parent] * c)
+        probs = torch.tensor(reach, dtype=torch.float64)
         if tree.kind == "without_replacement":  # keep such siblings as a prefix: never above an earlier one
             for kids in tree.layout.children:
                 for a, b in zip(kids, kids[1:]):
