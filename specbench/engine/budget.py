@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specbench.core.answers import write_meta
 from specbench.engine.tree import DraftTree, layout_of
 from specbench.engine.verifier import Verdict
 
@@ -66,6 +67,7 @@ class CostCurve:
     contexts: list[int]
     seconds: list[list[float]]
     batch: int = 1
+    _table: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def time(self, rows: float, context: float = 0.0) -> float:
         return float(self.times(np.array([rows]), context)[0])
@@ -86,7 +88,7 @@ class CostCurve:
     def _dense(self) -> np.ndarray:
         """(contexts, DENSE_ROWS) the curve at every whole row count, built once: a step's lookups
         are then indexing, not interpolation."""
-        if getattr(self, "_table", None) is None:
+        if self._table is None:
             grid = np.arange(DENSE_ROWS, dtype=float)
             self._table = np.stack([_interp(grid, self.rows, s) for s in self.seconds])
         return self._table
@@ -195,10 +197,8 @@ def cost_curve(target: Any, batch: int = 1, context_limit: int | None = None) ->
     curve = measure_curve(target, batch, context_limit=context_limit)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "curve": {"rows": curve.rows, "contexts": curve.contexts,
-                                                         "seconds": curve.seconds}}, indent=1))
-        tmp.replace(path)
+        write_meta(path, {"key": key, "curve": {"rows": curve.rows, "contexts": curve.contexts,
+                                                "seconds": curve.seconds}})
     except OSError:
         pass  # a read-only home: measured again next run
     return curve
@@ -476,8 +476,10 @@ class StepClock:
             use(end - start)
             return
         self.waiting.append((start, end, use))
-        done = [w for w in self.waiting if w[1].query()]
-        self.waiting = [w for w in self.waiting if not w[1].query()]
-        for a, b, fn in done:
-            fn(a.elapsed_time(b) / 1e3)
+        waiting, self.waiting = self.waiting, []
+        for a, b, fn in waiting:
+            if b.query():  # asked once per event: it may complete between two asks
+                fn(a.elapsed_time(b) / 1e3)
+            else:
+                self.waiting.append((a, b, fn))
 
