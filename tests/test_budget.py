@@ -3,6 +3,8 @@ curves, the acceptance model, losslessness under sampling, and auto against fixe
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_lossless import (
@@ -14,6 +16,7 @@ from test_lossless import (
     targets,  # noqa: F401 - fixture
 )
 
+from helpers import cli, write_questions
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftTree, Verdict, verify_sampled
@@ -204,3 +207,40 @@ def test_budget_setting_is_checked_and_labels_the_run(targets):  # noqa: F811
         build_method(method_cfg("baseline", budget="auto"), targets["llama"], {})
     assert method_label(method_cfg("pld", budget="fixed")) == "pld-fixed"
     assert method_label(method_cfg("pld")) == "pld"
+
+
+def test_both_budgets_take_turns_and_resume(tiny_models, cost_dir, tmp_path):
+    """`budget=both`: one job answers every question with `auto` (filed under the method's name)
+    and `fixed` (<name>-fixed), alternating which goes first, so the two see the same stretch of
+    the machine's speed; each folder resumes on its own; the end-of-run summary shows both."""
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    out = tmp_path / "results"
+    args = ("run", "model=local", f"model.path={tiny_models['llama']}", "method=pld", "budget=both",
+            "dataset=spec_bench", f"dataset.path={questions}", f"output_dir={out}", "max_new_tokens=8",
+            "warmup=0", "progress=false", "task=[qa,rag,translation]", "contention_threshold=1000")
+    done = cli(*args, cwd=tmp_path)
+    assert done.code == 0, done
+    assert "| pld vs baseline" not in done.out  # sanity of the check below: titles are headers
+    assert "pld vs baseline" in done.out and "pld-fixed vs baseline" in done.out
+
+    def answers(name):
+        (path,) = out.rglob(f"{name}/temp-0/run-1/answers.jsonl")
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    auto, fixed = answers("pld"), answers("pld-fixed")
+    assert [r["question_id"] for r in auto] == [r["question_id"] for r in fixed] and len(auto) == 3
+    stamps = sorted([(r["tstamp"], "auto", i) for i, r in enumerate(auto)]
+                    + [(r["tstamp"], "fixed", i) for i, r in enumerate(fixed)])
+    assert [(lane, i) for _, lane, i in stamps] == [("auto", 0), ("fixed", 0), ("fixed", 1), ("auto", 1),
+                                                    ("auto", 2), ("fixed", 2)]
+    assert [r["specbench"]["output_ids"] for r in auto] == [r["specbench"]["output_ids"] for r in fixed]
+    assert all("proposed_lengths" in s for r in auto for s in r["specbench"]["stats"] if s.get("steps"))
+    assert all("proposed_lengths" not in s for r in fixed for s in r["specbench"]["stats"])
+    # a lane cut short resumes alone; the complete one is left as it was
+    (path,) = out.rglob("pld-fixed/temp-0/run-1/answers.jsonl")
+    path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[:1]))
+    kept = answers("pld")
+    done = cli(*args, cwd=tmp_path)
+    assert done.code == 0, done
+    assert "pld run 1: all 3 answers already in" in done.err and "pld-fixed run 1: resuming, 1 answers kept" in done.err
+    assert answers("pld") == kept and len(answers("pld-fixed")) == 3

@@ -137,7 +137,8 @@ def test_run_summary_prints_the_reports_numbers(tmp_path):
     (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(root))]
     cfg = OmegaConf.create({"method": {"name": "fast"}, "runs": 2, "temperature": 0.0, "model": {"name": "tiny"},
                             "dataset": {"name": "synthetic"}})
-    session = types.SimpleNamespace(cfg=cfg, questions=[types.SimpleNamespace(question_id=i) for i in range(4)],
+    session = types.SimpleNamespace(cfg=cfg, labels=["baseline", "fast"],
+                                    questions=[types.SimpleNamespace(question_id=i) for i in range(4)],
                                     run_dir=lambda name, run: run_dir(root, "synthetic", "tiny", name, 0.0, run),
                                     failures=lambda: [])
     text = run_summary(session)

@@ -23,16 +23,20 @@ def session_runs(session: Session, method: str) -> list[Run]:
 
 
 def run_summary(session: Session) -> str:
-    """Speedup rows of the session's method against the baseline (report's numbers, `frame.speedups`)."""
+    """Speedup rows of each of the session's method runs (both under `budget=both`, filed as
+    <name> and <name>-fixed) against the baseline (report's numbers, `frame.speedups`)."""
     cfg = session.cfg
-    name = cfg.method.name
-    runs = [run for method in dict.fromkeys([BASELINE, name]) for run in session_runs(session, method)]
+    names = [n for n in dict.fromkeys(session.labels) if n != BASELINE] or [cfg.method.name]
+    runs = [run for method in dict.fromkeys([BASELINE, *names]) for run in session_runs(session, method)]
     table = speedups(tidy(runs))
-    header = f"{name} vs baseline | {cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
-    if name not in table.index.get_level_values("method"):
-        return f"{header}: no baseline answers to compare with (run with baseline=true)"
-    rows = table.loc[name].reset_index().to_dict("records")
-    lines = [speedup_table(rows, title=header, runs=int(cfg.runs))]
+    lines = []
+    for name in names:
+        header = f"{name} vs baseline | {cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
+        if name not in table.index.get_level_values("method"):
+            lines.append(f"{header}: no baseline answers to compare with (run with baseline=true)")
+            continue
+        rows = table.loc[name].reset_index().to_dict("records")
+        lines.append(speedup_table(rows, title=header, runs=int(cfg.runs)))
     for outcome in session.failures():
         lines.append(f"{outcome.label}: {outcome.failed} failed question(s) not in these numbers "
                      f"(listed in {outcome.folder / ERRORS})")

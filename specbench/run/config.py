@@ -95,6 +95,8 @@ def selected_subtasks(task_cfg: DictConfig | None) -> list[str]:
     return [s for s in SUBTASKS if task_cfg and task_cfg.get(s)]
 
 
+#: the run-wide `budget=both`: every method with a draft budget runs as `auto` and `fixed`, in turn
+BOTH = "both"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 #: folder names (model, method, dataset): one path component, no hidden or parent folder
@@ -138,8 +140,9 @@ def check_values(cfg: DictConfig) -> None:
     if not _is_int(cfg.get("batch_queue", 1)) or cfg.get("batch_queue", 1) < 1:
         fail(f"batch_queue must be a positive integer (questions per timed sequence, in batch sizes), "
              f"got {cfg.batch_queue!r}")
-    if cfg.get("budget") not in (None, *BUDGET_MODES):
-        fail(f"budget must be one of {', '.join(BUDGET_MODES)} or null (each method's own), got {cfg.budget!r}")
+    if cfg.get("budget") not in (None, *BUDGET_MODES, BOTH):
+        fail(f"budget must be one of {', '.join(BUDGET_MODES)}, {BOTH} (the two in turn, question by question) or "
+             f"null (each method's own), got {cfg.budget!r}")
     if not _is_int(cfg.warmup) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
     if not _is_int(cfg.seed) or not 0 <= cfg.seed < 2**63:

@@ -6,6 +6,7 @@ summary printed after a run comes from `specbench.analysis` (the cli asks for it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import shutil
@@ -44,9 +45,10 @@ from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer, Timing, timer_for
 from specbench.engine.api import GenerationResult, Method, Request, Requests
 from specbench.engine.batch import batch_problem
+from specbench.engine.budget import BUDGET_MODES
 from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
-from specbench.run.config import check_values, selected_subtasks
+from specbench.run.config import BOTH, check_values, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
 from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
@@ -118,6 +120,25 @@ class Outcome:
     first_error: str = ""
 
 
+@dataclass
+class Lane:
+    """One method run being answered: its folder, what is left to answer, what it has done."""
+
+    method: Method
+    name: str
+    run: int
+    folder: Path
+    todo: list[data.Question]
+    meta: dict[str, Any]
+    previous: dict[str, Any] | None  # the meta of the part answered before (a resumed run)
+    outcome: Outcome
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def rate(self) -> str:
+        return f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds else "-"
+
+
 class Session:
     """One `specbench run`: the target loaded once, the methods run over the questions."""
 
@@ -156,6 +177,7 @@ class Session:
                                  "run it with batch_size=1")
         self.interrupted: Callable[[], bool] = lambda: False  # `run` sets the Ctrl-C flag
         self.outcomes: list[Outcome] = []
+        self.labels: list[str] = []  # the method runs' names, as filed (<name>-fixed under budget=fixed)
 
     def run_dir(self, method_name: str, run: int) -> Path:
         c = self.cfg
@@ -164,21 +186,31 @@ class Session:
         return folder / shard_dir(c.shard) if c.shard else folder
 
     def run_method(self, method_cfg: DictConfig) -> None:
-        method_cfg = with_run_budget(method_cfg, self.cfg.get("budget"))
-        method = build_method(method_cfg, self.target, self.cfg.model)
-        if self.batch_size > 1 and method.batch_problem is not None:
-            raise SpecbenchError(f"method '{method_cfg.name}' cannot run batched: {method.batch_problem}; run it with "
-                                 "batch_size=1")
-        method.prepare(self.batch_size)  # untimed: e.g. the draft budget's cost curve for this device
+        """Every run of one method; under the run-wide `budget=both`, a method with a draft budget
+        runs as two lanes, `auto` and `fixed`, answering the questions in turn (see `answer_all`)."""
+        both = self.cfg.get("budget") == BOTH and "budget" in method_cfg
+        budgets = BUDGET_MODES if both else (self.cfg.get("budget"),)
+        cfgs = [with_run_budget(method_cfg, b) for b in budgets]
+        methods = [build_method(c, self.target, self.cfg.model) for c in cfgs]
+        self.labels.extend(method_label(c) for c in cfgs)
+        for method, c in zip(methods, cfgs, strict=True):
+            if self.batch_size > 1 and method.batch_problem is not None:
+                raise SpecbenchError(f"method '{c.name}' cannot run batched: {method.batch_problem}; run it with "
+                                     "batch_size=1")
+            method.prepare(self.batch_size)  # untimed: e.g. the draft budget's cost curve for this device
         for run in range(1, int(self.cfg.runs) + 1):
-            self.run_once(method, method_cfg, run)
+            self.run_once(list(zip(methods, cfgs, strict=True)), run)
 
-    def run_once(self, method: Method, method_cfg: DictConfig, run: int) -> None:
-        folder = self.run_dir(method_label(method_cfg), run)
-        with locked(folder):
-            self._run_once(method, method_cfg, run, folder)
+    def run_once(self, pairs: list[tuple[Method, DictConfig]], run: int) -> None:
+        folders = [self.run_dir(method_label(c), run) for _, c in pairs]
+        with contextlib.ExitStack() as stack:
+            for folder in folders:
+                stack.enter_context(locked(folder))
+            self._run_once([(m, c, run, f) for (m, c), f in zip(pairs, folders, strict=True)])
 
-    def _run_once(self, method: Method, method_cfg: DictConfig, run: int, folder: Path) -> None:
+    def open_lane(self, method: Method, method_cfg: DictConfig, run: int, folder: Path) -> Lane | None:
+        """One method run's folder made ready (its meta written, answers already there kept), or None
+        when it holds every answer."""
         ident = identity(self.cfg, method_cfg, self.target.dtype)
         self.prepare(folder, ident)
         done = {r["question_id"] for r in read_answers(folder / ANSWERS, repair=True)}
@@ -188,7 +220,7 @@ class Session:
         label = f"{name} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
         if not todo:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
-            return
+            return None
         folder.mkdir(parents=True, exist_ok=True)
         previous = read_meta(folder / META) if done else None
         meta = {
@@ -203,41 +235,58 @@ class Session:
             "started": time.time(),
         }
         write_meta(folder / META, meta)
-        method.reset()
+        return Lane(method, name, run, folder, todo, meta, previous, Outcome(label, folder, len(todo), len(done)))
+
+    def _run_once(self, plans: list[tuple[Method, DictConfig, int, Path]]) -> None:
+        lanes = [lane for plan in plans if (lane := self.open_lane(*plan)) is not None]
+        if not lanes:
+            return
+        for lane in lanes:
+            lane.method.reset()
         if self.interrupted():
-            raise self.interruption(Outcome(label, folder, len(todo)))
-        memory = MemoryProbe(self.target.device)
+            raise self.interruption(*[lane.outcome for lane in lanes])
+        memory = MemoryProbe(self.target.device)  # one phase: interleaved lanes share its peak
         memory.start()
-        for _ in range(int(self.cfg.warmup)):
-            if self.batch_size > 1:
-                self.answer_batch(method, self.questions[: self.batch_size], self.questions[0].question_id)
-            else:
-                self.answer(method, self.questions[0])
-        method.start_stream()
-        if done:
-            print(f"{label}: resuming, {len(done)} answers kept, {len(todo)} to go", file=sys.stderr)
+        for lane in lanes:
+            for _ in range(int(self.cfg.warmup)):
+                if self.batch_size > 1:
+                    self.answer_batch(lane.method, self.questions[: self.batch_size], self.questions[0].question_id)
+                else:
+                    self.answer(lane.method, self.questions[0])
+            lane.method.start_stream()
+            if lane.outcome.kept:
+                print(f"{lane.outcome.label}: resuming, {lane.outcome.kept} answers kept, {len(lane.todo)} to go",
+                      file=sys.stderr)
         before = self.guard.before()
         self.guard.start()
         try:
-            self.answer_all(method, name, run, folder, todo, label, kept=len(done))
+            self.answer_all(lanes)
         except BaseException:
-            self.write_measurements(folder, meta, previous, before, memory, method, label, failing=True)
+            try:
+                during = self.guard.stop()
+            except Exception:  # noqa: BLE001 - the run's own error tells more
+                during = None
+            for lane in lanes:
+                self.write_measurements(lane, before, during, memory, failing=True)
             raise
-        self.write_measurements(folder, meta, previous, before, memory, method, label)
+        during = self.guard.stop()
+        for lane in lanes:
+            self.write_measurements(lane, before, during, memory)
 
     def write_measurements(
-        self, folder: Path, meta: dict[str, Any], previous: dict[str, Any] | None, before: dict[str, Any],
-        memory: MemoryProbe, method: Method, label: str, failing: bool = False,
+        self, lane: Lane, before: dict[str, Any], during: dict[str, Any] | None, memory: MemoryProbe,
+        failing: bool = False,
     ) -> None:
         """The meta again, with what the timed run measured besides its answers: contention (other
         processes' load before and during it; a resumed run stays flagged when an earlier part was)
         and memory (the phase's peak, the drafter's weights). Warns when the run was contended. On
         the way out of a failing run, a meta that cannot be written is left as it was."""
+        meta, label = lane.meta, lane.outcome.label
         try:
-            contention = self.guard.summary(before, self.guard.stop())
+            contention = self.guard.summary(before, during)
             measured = memory.stop()
-            resumed(contention, measured, previous)
-            measured["drafter"] = drafter_memory(method, self.target)
+            resumed(contention, measured, lane.previous)
+            measured["drafter"] = drafter_memory(lane.method, self.target)
         except Exception:  # noqa: BLE001 - e.g. a broken CUDA context: the run's own error tells more
             if failing:
                 return
@@ -248,7 +297,7 @@ class Session:
             print(f"warning: {label}: measured under contention: {why} (threshold {contention['threshold']:g} "
                   "cores); `report` marks its numbers; run it again on a quiet machine for clean ones", file=sys.stderr)
         try:
-            write_meta(folder / META, meta)
+            write_meta(lane.folder / META, meta)
         except OSError:
             if not failing:
                 raise
@@ -266,68 +315,78 @@ class Session:
                 "use overwrite=true to replace them or output_dir=... to keep both"
             )
 
-    def answer_all(
-        self, method: Method, name: str, run: int, folder: Path, todo: list[data.Question], label: str,
-        kept: int = 0,
-    ) -> None:
-        """Answer `todo`, one flushed line each. A failing question becomes a row in
+    def answer_all(self, lanes: list[Lane]) -> None:
+        """Answer each lane's `todo`, one flushed line each. Several lanes (`budget=both`) take
+        turns question by question (batch by batch), the first to go alternating, so a drift of
+        the machine's speed falls on all of them alike. A failing question becomes a row in
         errors.jsonl and the run goes on; Ctrl-C (seen at the next question boundary, the last
         one included) keeps what was written, says so and ends the whole run."""
-        outcome = Outcome(label, folder, len(todo), kept)
-        self.outcomes.append(outcome)
-        tokens = seconds = 0.0
-        bar = tqdm(total=len(todo), desc=label, unit="q", disable=not self.cfg.progress, file=sys.stderr)
+        self.outcomes.extend(lane.outcome for lane in lanes)
+        bar = tqdm(total=sum(len(lane.todo) for lane in lanes), desc=" + ".join(lane.outcome.label for lane in lanes),
+                   unit="q", disable=not self.cfg.progress, file=sys.stderr)
         size = self.batch_size  # questions per timed call: one, a static batch, or a continuous one's queue
         if size > 1 and self.cfg.batch_mode == "continuous":
             size *= int(self.cfg.batch_queue)
         try:
-            with AnswerWriter(folder / ANSWERS) as writer:
-                for start in range(0, len(todo), size):
-                    group = todo[start : start + size]
+            with contextlib.ExitStack() as stack:
+                writers = [stack.enter_context(AnswerWriter(lane.folder / ANSWERS)) for lane in lanes]
+                turns = list(zip(lanes, writers, strict=True))
+                for i, start in enumerate(range(0, max(len(lane.todo) for lane in lanes), size)):
                     self.guard.tick()  # a question (batch) boundary: contention counters, no waiting
-                    if self.interrupted():
-                        raise KeyboardInterrupt
-                    try:
-                        if self.batch_size > 1:
-                            records = self.answer_batch(method, group, group[0].question_id)
-                        else:
-                            records = [self.answer(method, group[0])]
-                    except Exception as exc:  # noqa: BLE001 - any failure of one question (batch) is recorded
-                        if self.cfg.on_error == "raise":
-                            raise
-                        for question in group:
-                            outcome.failed += 1
-                            reason = self.record_error(folder, question, name, run, exc)
-                            outcome.first_error = outcome.first_error or f"question {question.question_id}: {reason}"
-                        bar.update(len(group))
-                        continue
-                    for record in records:
-                        record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
-                        record[EXTRA_KEY].update(method=name, run=run)
-                        writer.write(record)
-                        outcome.written += 1
-                        tokens += sum(record["choices"][0]["new_tokens"])
-                        seconds += sum(record["choices"][0]["wall_time"])
-                    bar.update(len(group))
-                    bar.set_postfix_str(f"{tokens / seconds:.1f} tok/s")
+                    for lane, writer in turns if i % 2 == 0 else turns[::-1]:
+                        if self.interrupted():
+                            raise KeyboardInterrupt
+                        group = lane.todo[start : start + size]
+                        if group:
+                            self.answer_group(lane, group, writer)
+                            bar.update(len(group))
+                            bar.set_postfix_str(" | ".join(f"{x.name} {x.rate()}" for x in lanes))
             if self.interrupted():
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
             bar.close()
-            raise self.interruption(outcome) from None
+            raise self.interruption(*[lane.outcome for lane in lanes]) from None
         bar.close()
-        if outcome.failed == outcome.todo and not outcome.kept:  # not one answer: something is broken
-            raise SpecbenchError(
-                f"{label}: all {outcome.failed} questions failed (first: {outcome.first_error}); "
-                f"the reasons are in {folder / ERRORS}"
-            )
-        if outcome.failed:
-            print(f"{label}: {outcome.failed} question(s) failed, listed in {folder / ERRORS}", file=sys.stderr)
+        for lane in lanes:
+            outcome = lane.outcome
+            if outcome.failed == outcome.todo and not outcome.kept:  # not one answer: something is broken
+                raise SpecbenchError(
+                    f"{outcome.label}: all {outcome.failed} questions failed (first: {outcome.first_error}); "
+                    f"the reasons are in {outcome.folder / ERRORS}"
+                )
+            if outcome.failed:
+                print(f"{outcome.label}: {outcome.failed} question(s) failed, listed in {outcome.folder / ERRORS}",
+                      file=sys.stderr)
+
+    def answer_group(self, lane: Lane, group: list[data.Question], writer: AnswerWriter) -> None:
+        """One timed call of a lane (a question, or a batch) written, or its failure recorded."""
+        outcome = lane.outcome
+        try:
+            if self.batch_size > 1:
+                records = self.answer_batch(lane.method, group, group[0].question_id)
+            else:
+                records = [self.answer(lane.method, group[0])]
+        except Exception as exc:  # noqa: BLE001 - any failure of one question (batch) is recorded
+            if self.cfg.on_error == "raise":
+                raise
+            for question in group:
+                outcome.failed += 1
+                reason = self.record_error(lane.folder, question, lane.name, lane.run, exc)
+                outcome.first_error = outcome.first_error or f"question {question.question_id}: {reason}"
+            return
+        for record in records:
+            record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
+            record[EXTRA_KEY].update(method=lane.name, run=lane.run)
+            writer.write(record)
+            outcome.written += 1
+            lane.tokens += sum(record["choices"][0]["new_tokens"])
+            lane.seconds += sum(record["choices"][0]["wall_time"])
 
     @staticmethod
-    def interruption(outcome: Outcome) -> KeyboardInterrupt:
-        print(f"\n{outcome.label}: interrupted after {outcome.written} of {outcome.todo} questions; the answers "
-              f"so far are saved in {outcome.folder}; run the same command again to resume", file=sys.stderr)
+    def interruption(*outcomes: Outcome) -> KeyboardInterrupt:
+        for outcome in outcomes:
+            print(f"\n{outcome.label}: interrupted after {outcome.written} of {outcome.todo} questions; the answers "
+                  f"so far are saved in {outcome.folder}; run the same command again to resume", file=sys.stderr)
         return KeyboardInterrupt()
 
     def failures(self) -> list[Outcome]:
