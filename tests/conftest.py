@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,9 @@ import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver, as the cli d
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "SPECBENCH_COST_DIR" not in os.environ:  # draft-budget cost curves of test models: not in the user's cache
+    os.environ["SPECBENCH_COST_DIR"] = tempfile.mkdtemp(prefix="specbench-costs-")
+    atexit.register(shutil.rmtree, os.environ["SPECBENCH_COST_DIR"], ignore_errors=True)
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes: one core each (subprocesses too)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)

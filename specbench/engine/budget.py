@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from specbench.core.answers import write_meta
+from specbench.core.hardware import device_name
 from specbench.engine.tree import DraftTree, layout_of
 from specbench.engine.verifier import Verdict
 
@@ -118,18 +118,6 @@ def monotone(ys: list[float]) -> list[float]:
             (m1, c1), (m2, c2) = blocks[-2], blocks.pop()
             blocks[-1] = [(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2]
     return [m for m, c in blocks for _ in range(int(c))]
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def curve_key(model: Any, device: torch.device, dtype: torch.dtype, batch: int) -> dict[str, Any]:
@@ -273,10 +261,14 @@ class AcceptanceModel:
     def rates(self) -> np.ndarray:
         """(MAX_DEPTH + 1, MAX_RANK) conditional acceptance per (depth, sibling rank)."""
         if self._rates is None:
-            prior = np.tile(0.5 / (np.arange(MAX_RANK) + 1), (MAX_DEPTH + 1, 1))
-            for d in range(2, MAX_DEPTH + 1):  # the nearest level above with data
-                seen = self.pos_seen[d - 1] > 0
-                prior[d] = np.where(seen, self.pos_hits[d - 1] / np.maximum(self.pos_seen[d - 1], 1), prior[d - 1])
+            # prior at depth d: the observed rate at the nearest depth above with data (depth >= 1)
+            seen = self.pos_seen > 0
+            seen[0] = False
+            level = np.where(seen, np.arange(MAX_DEPTH + 1)[:, None], 0)
+            above = np.vstack([np.zeros((1, MAX_RANK), dtype=np.int64), np.maximum.accumulate(level, axis=0)[:-1]])
+            observed = self.pos_hits / np.maximum(self.pos_seen, 1)
+            default = np.broadcast_to(0.5 / (np.arange(MAX_RANK) + 1), above.shape)
+            prior = np.where(above > 0, np.take_along_axis(observed, above, axis=0), default)
             self._rates = (self.pos_hits + PRIOR * prior) / (self.pos_seen + PRIOR)
         return self._rates
 
@@ -371,6 +363,14 @@ class Budget:
                 break
             depth += 1
         return max(depth, 1)
+
+    def fill(self, reach: torch.Tensor, rows: torch.Tensor | slice, parents: torch.Tensor, confidence: torch.Tensor,
+             depth: int) -> bool:
+        """A static tree's level at `depth` drafted: each node's chance of being reached (its `rows`
+        of `reach`: its parent's row, `parents`, times its calibrated `confidence`), and whether one
+        more level pays (`extend`)."""
+        reach[rows] = reach[parents] * self.calibrate(confidence)
+        return self.extend(reach[rows], depth + 1)
 
     def extend(self, reach: torch.Tensor, depth: int) -> bool:
         """Whether one more unit of work (a level at `depth` under nodes reached with chances

@@ -164,7 +164,7 @@ class StaticTreeDrafter(EagleDrafter):
             self.levels.append((
                 torch.tensor(nodes), torch.tensor(rows), torch.tensor([slot[tree.parents[i] + 1] for i in nodes]),
                 torch.tensor([tree.ranks[i] for i in nodes]), tree.width(d),
-                [i for i in nodes if has_children[i]],
+                [i for i in nodes if has_children[i]], torch.tensor([tree.parents[i] + 1 for i in nodes]),
             ))
 
     def _grow(self, root_feature: torch.Tensor, root_logp: torch.Tensor, stable: int, max_depth: int,
@@ -183,17 +183,16 @@ class StaticTreeDrafter(EagleDrafter):
         outs[0], logps[0] = root_feature, root_logp
         drafted: list[int] = []  # nodes in the head cache, in cache order
         for d in range(1, depth + 1):
-            nodes, rows, slots, ranks, width, expand = self.levels[d - 1]
+            nodes, rows, slots, ranks, width, expand, parent_rows = self.levels[d - 1]
+            nodes = nodes.to(device)
             top = logps[rows.to(device)].topk(width, dim=-1)
             at = (slots.to(device), ranks.to(device))
-            tokens[nodes.to(device)] = top.indices[at]
-            confidence[nodes.to(device)] = top.values[at].exp()
-            if budget is not None:
-                parent_rows = torch.tensor([tree.parents[i] + 1 for i in nodes.tolist()], device=device)
-                reach[nodes.to(device) + 1] = reach[parent_rows] * budget.calibrate(confidence[nodes.to(device)])
-                if d < depth and not budget.extend(reach[nodes.to(device) + 1], d + 1):  # deeper does not pay
-                    n = sum(1 for x in tree.depths if x <= d)
-                    break
+            tokens[nodes] = top.indices[at]
+            confidence[nodes] = top.values[at].exp()
+            if budget is not None and d < depth and not budget.fill(reach, nodes + 1, parent_rows.to(device),
+                                                                    confidence[nodes], d):
+                n = sum(1 for x in tree.depths if x <= d)  # deeper does not pay
+                break
             if d == depth or not expand:
                 break
             index = torch.tensor(expand, dtype=torch.long)

@@ -50,7 +50,7 @@ class HydraDrafter(Drafter):
         # Per depth: its nodes, each node's parent slot (the row of its parent among the depth's
         # distinct parents, in order) and rank, and `expand`: which of its nodes (positions in
         # `nodes`) are the next depth's parents, in that depth's parent order.
-        self.levels: list[tuple[list[int], int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.levels: list[tuple[list[int], int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         parents_at = [list(dict.fromkeys(tree.parents[i] for i in tree.nodes_at(d)))
                       for d in range(1, tree.max_depth + 2)]
         for depth in range(1, tree.max_depth + 1):
@@ -59,7 +59,8 @@ class HydraDrafter(Drafter):
             slot = torch.tensor([parents.index(tree.parents[i]) for i in nodes], dtype=torch.long)
             rank = torch.tensor([tree.ranks[i] for i in nodes], dtype=torch.long)
             expand = torch.tensor([nodes.index(p) for p in parents_at[depth]], dtype=torch.long)
-            self.levels.append((nodes, tree.width(depth), slot, rank, expand))
+            parent_rows = torch.tensor([tree.parents[i] + 1 for i in nodes], dtype=torch.long)  # in `reach`
+            self.levels.append((nodes, tree.width(depth), slot, rank, expand, parent_rows))
         self.feature: torch.Tensor | None = None  # (d,) the target's feature at the root's parent row
 
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
@@ -81,17 +82,16 @@ class HydraDrafter(Drafter):
         confidence = torch.empty(n, device=feature.device)  # the head's probability of each node's token
         budget = ctx.budget
         reach = torch.ones(n + 1, device=feature.device)  # per row: the calibrated chance of reaching it
-        for k, (nodes, width, slot, rank, expand) in enumerate(self.levels[:depth]):
+        for k, (nodes, width, slot, rank, expand, parent_rows) in enumerate(self.levels[:depth]):
             top = torch.log_softmax(self.heads.head(k, x).float(), dim=-1).topk(width, dim=-1)  # (parents, width)
             chosen = top.indices[slot, rank]
             here = slice(nodes[0], nodes[-1] + 1)  # a depth's nodes are contiguous (breadth-first)
             tokens[here], confidence[here] = chosen, top.values[slot, rank].exp()
-            if budget is not None:
-                parent_rows = torch.tensor([self.tree.parents[i] + 1 for i in nodes], device=feature.device)
-                reach[nodes[0] + 1 : nodes[-1] + 2] = reach[parent_rows] * budget.calibrate(confidence[here])
-                if k + 1 < depth and not budget.extend(reach[nodes[0] + 1 : nodes[-1] + 2], k + 2):
-                    n = nodes[-1] + 1  # deeper does not pay
-                    break
+            if budget is not None and k + 1 < depth and not budget.fill(
+                reach, slice(nodes[0] + 1, nodes[-1] + 2), parent_rows, confidence[here], k + 1
+            ):
+                n = nodes[-1] + 1  # deeper does not pay
+                break
             if k + 1 < depth:
                 x = torch.cat([x[slot[expand]], self.embed(chosen[expand]).to(x.dtype)], dim=-1)
         return DraftTree(tokens[:n], self.tree.parents[:n], confidence=confidence[:n], work=k + 1)

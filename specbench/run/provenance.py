@@ -18,6 +18,7 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.core.hardware import cpu_info, device_name, run_command, total_memory
 from specbench.core.questions import sha256_of
 from specbench.core.resources import source_checkout
 from specbench.models import LoadedModel
@@ -59,10 +60,7 @@ def environment(target: LoadedModel) -> dict[str, Any]:
     device = target.device
     cpu = _safe(cpu_info, {})
     gpus = _safe(gpu_info, None)
-    if device.type == "cuda":
-        name = _safe(lambda: torch.cuda.get_device_name(device), None)
-    else:
-        name = cpu.get("model") or platform.processor() or platform.machine()
+    name = _safe(lambda: device_name(device, cpu), None)
     versions = _safe(library_versions, {})
     return {
         "git_commit": _safe(git_commit, None),
@@ -92,54 +90,6 @@ def _safe(read: Callable[[], Any], default: Any) -> Any:
         return default
 
 
-def cpu_info() -> dict[str, Any]:
-    """CPU model name and cores: /proc/cpuinfo on Linux, platform's answer elsewhere. `physical_cores`
-    counts distinct (package, core) pairs; `usable_cores` the CPUs this process may run on; `quota_cores`
-    a cgroup v2 CPU limit when one is set."""
-    model, cores = None, set()
-    text = _read("/proc/cpuinfo") or ""
-    package = core = None
-    for line in text.splitlines():
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in ("model name", "Model", "Hardware", "cpu model") and not model and value:
-            model = value
-        elif key == "physical id":
-            package = value
-        elif key == "core id":
-            core = value
-        elif not key and core is not None:  # a blank line ends one logical CPU's block
-            cores.add((package, core))
-            package = core = None
-    if core is not None:
-        cores.add((package, core))
-    if not model and sys.platform == "darwin":
-        model = _run(["sysctl", "-n", "machdep.cpu.brand_string"])
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "model": model or platform.processor() or platform.machine() or None,
-        "physical_cores": len(cores) or None,
-        "logical_cores": os.cpu_count(),
-        "usable_cores": usable,
-        "quota_cores": _cgroup_quota(),
-    }
-
-
-def _cgroup_quota() -> float | None:
-    quota, _, period = (_read("/sys/fs/cgroup/cpu.max") or "max").partition(" ")
-    try:
-        return round(int(quota) / int(period), 2)
-    except ValueError:  # "max": no limit
-        return None
-
-
-def total_memory() -> int | None:
-    """Total RAM in bytes (/proc/meminfo, else sysconf)."""
-    for line in (_read("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def library_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for name in LIBRARIES:
@@ -164,7 +114,7 @@ def nvidia_smi(query: str) -> str | None:
     """`nvidia-smi QUERY --format=csv,noheader,nounits`'s output; None when the binary is absent or fails."""
     if shutil.which("nvidia-smi") is None:
         return None
-    return _run(["nvidia-smi", query, "--format=csv,noheader,nounits"], NVIDIA_SMI_TIMEOUT_S)
+    return run_command(["nvidia-smi", query, "--format=csv,noheader,nounits"], NVIDIA_SMI_TIMEOUT_S)
 
 
 def _value(text: str) -> Any:
@@ -177,23 +127,6 @@ def _value(text: str) -> Any:
         except ValueError:
             pass
     return text
-
-
-def _run(argv: list[str], timeout: float = 5.0) -> str | None:
-    """The command's output, stripped ("" when it printed nothing); None when it failed or is absent."""
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip()
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
 
 
 def weights_fingerprint(folder: str) -> str | None:
