@@ -49,9 +49,10 @@ SWEEP_ARGS ?= task=all limit=10
 BATCH_ANSWERS ?= results/answers-batching
 BATCH_ARGS ?= task=all limit=10
 # `make leaderboard-budget`: every speculative method of the `leaderboard` suite with its draft budget on
-# (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), the two
-# in turn question by question (`budget=both`: a drift of the machine's speed hits both alike) on BUDGET_ARGS'
-# questions, in their own answers folder, and the report with the
+# (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), all of
+# them and the baseline in one job, in turn question by question (`interleave=[...] budget=both`: a drift of
+# the machine's speed hits every method alike) on BUDGET_ARGS' questions, in their own answers folder, and
+# the report with the
 # "auto against fixed" table under results/leaderboard/budget.
 BUDGET_ANSWERS ?= results/answers-budget
 BUDGET_ARGS ?= task=all limit=10
@@ -71,7 +72,7 @@ leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 
 leaderboard-budget: install  ## draft budgets side by side: each speculative method with budget=auto and =fixed, then the report
 	$(PY) -m specbench zoo build
 	methods="$$($(PY) -m specbench methods --names --suite leaderboard)" && \
-	$(PY) -m specbench -m run method=$$methods budget=both $(BUDGET_ARGS) output_dir=$(BUDGET_ANSWERS)
+	$(PY) -m specbench run method=baseline interleave=[$$methods] budget=both $(BUDGET_ARGS) output_dir=$(BUDGET_ANSWERS)
 	$(PY) -m specbench report $(BUDGET_ANSWERS) --out $(LEADERBOARD_OUT)/budget
 
 leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report

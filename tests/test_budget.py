@@ -244,3 +244,36 @@ def test_both_budgets_take_turns_and_resume(tiny_models, cost_dir, tmp_path):
     assert done.code == 0, done
     assert "pld run 1: all 3 answers already in" in done.err and "pld-fixed run 1: resuming, 1 answers kept" in done.err
     assert answers("pld") == kept and len(answers("pld-fixed")) == 3
+
+
+def test_interleaved_methods_share_each_stretch_of_time(tiny_models, cost_dir, tmp_path):
+    """`interleave=[...]`: the baseline, `method` and the listed methods (both budgets of each under
+    `budget=both`) answer question 1, then question 2 in the reverse order, and so on, in one job;
+    every answer equals the baseline's (greedy); the summary lists every method run."""
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    out = tmp_path / "results"
+    done = cli("run", "model=local", f"model.path={tiny_models['llama']}", "method=pld", "interleave=[samd,pld]",
+               "budget=both", "dataset=spec_bench", f"dataset.path={questions}", f"output_dir={out}",
+               "max_new_tokens=8", "warmup=0", "progress=false", "task=[qa,rag,translation]",
+               "contention_threshold=1000", cwd=tmp_path)
+    assert done.code == 0, done
+    lanes = ["baseline", "pld", "pld-fixed", "samd", "samd-fixed"]
+    answers = {}
+    for name in lanes:
+        (path,) = out.rglob(f"{name}/temp-0/run-1/answers.jsonl")
+        answers[name] = [json.loads(line) for line in path.read_text().splitlines()]
+    for i in range(3):
+        turn = sorted(lanes, key=lambda n: answers[n][i]["tstamp"])
+        assert turn == (lanes if i % 2 == 0 else lanes[::-1]), (i, turn)
+        if i:  # every method run answered question i - 1 before any answered question i
+            assert max(answers[n][i - 1]["tstamp"] for n in lanes) < min(answers[n][i]["tstamp"] for n in lanes)
+    base = [r["specbench"]["output_ids"] for r in answers["baseline"]]
+    assert all([r["specbench"]["output_ids"] for r in answers[n]] == base for n in lanes)
+    table = done.out.split("all questions, against the baseline")[1]
+    assert all(f"\n| {n} " in table for n in lanes[1:]) and "\n| baseline " not in table
+
+
+def test_interleave_names_known_methods(tmp_path):
+    for value, problem in (("[nosuch]", "unknown method 'nosuch'"), ("[pld,3]", "unknown method '3'")):
+        done = cli("run", f"interleave={value}", "progress=false", f"output_dir={tmp_path}", cwd=tmp_path)
+        assert done.code != 0 and problem in done.err, done

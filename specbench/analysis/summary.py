@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specbench.analysis.frame import speedups, tidy
+from specbench.analysis.frame import OVERALL, speedups, tidy
 from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import ANSWERS, ERRORS, read_answers
 from specbench.core.table import speedup_table
@@ -30,13 +30,19 @@ def run_summary(session: Session) -> str:
     runs = [run for method in dict.fromkeys([BASELINE, *names]) for run in session_runs(session, method)]
     table = speedups(tidy(runs))
     lines = []
-    for name in names:
-        header = f"{name} vs baseline | {cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
-        if name not in table.index.get_level_values("method"):
-            lines.append(f"{header}: no baseline answers to compare with (run with baseline=true)")
-            continue
-        rows = table.loc[name].reset_index().to_dict("records")
-        lines.append(speedup_table(rows, title=header, runs=int(cfg.runs)))
+    where = f"{cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
+    found = [n for n in names if n in table.index.get_level_values("method")]
+    lines += [f"{n} vs baseline | {where}: no baseline answers to compare with (run with baseline=true)"
+              for n in names if n not in found]
+    if len(found) > 2:  # many method runs (interleave=[...]): their overall rows in one table
+        rows = [{**table.loc[(n, OVERALL)].to_dict(), "subtask": OVERALL, "label": n} for n in found]
+        rows = [{**r, "questions": int(r["questions"])} for r in rows]
+        lines.append(speedup_table(rows, title=f"all questions, against the baseline | {where}", runs=int(cfg.runs),
+                                   first="Method"))
+    else:
+        for name in found:
+            rows = table.loc[name].reset_index().to_dict("records")
+            lines.append(speedup_table(rows, title=f"{name} vs baseline | {where}", runs=int(cfg.runs)))
     for outcome in session.failures():
         lines.append(f"{outcome.label}: {outcome.failed} failed question(s) not in these numbers "
                      f"(listed in {outcome.folder / ERRORS})")

@@ -16,22 +16,23 @@ def markdown(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def speedup_table(rows: Sequence[dict[str, Any]], *, title: str, runs: int) -> str:
-    """The run summary: per-subtask speedup and #mean accepted tokens (upstream definitions)."""
+def speedup_table(rows: Sequence[dict[str, Any]], *, title: str, runs: int, first: str = "Subtask") -> str:
+    """The run summary: per-subtask speedup and #mean accepted tokens (upstream definitions); a
+    row's `label`, where it has one, names it instead of its subtask (`first`: that column's title)."""
     body = []
     for r in rows:
         speedup = f"{r['speedup']:.2f}x"
         if runs > 1:
             speedup += f" ± {r['speedup_std']:.2f}"
         body.append([
-            SUBTASK_TITLES.get(r["subtask"], "Overall"),
+            r.get("label") or SUBTASK_TITLES.get(r["subtask"], "Overall"),
             r["questions"],
             f"{r['tokens_per_s']:.1f}",
             f"{r['baseline_tokens_per_s']:.1f}",
             speedup,
             f"{r['mean_accepted']:.2f}",
         ])
-    headers = ["Subtask", "#Q", "tok/s", "baseline tok/s", "Speedup", "#Mean accepted tokens"]
+    headers = [first, "#Q", "tok/s", "baseline tok/s", "Speedup", "#Mean accepted tokens"]
     notes = (
         "speedup = mean per-question tok/s of the method / of the baseline on the same questions; "
         "#mean accepted tokens = mean tokens emitted per target forward, bonus token included "

@@ -215,10 +215,11 @@ def budget_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
 
 BUDGET_NOTE = (
     "Draft budgets: a method run with `method.budget=auto` (its plain name) and with `method.budget=fixed` (named "
-    "<method>-fixed), the two back to back on the same questions. auto/fixed: auto's mean per-question tokens/s "
-    "over fixed's on the questions both answered, with its 95% paired bootstrap interval over those questions. "
-    "auto >= fixed: yes when that ratio is at least 1, within noise when it is below 1 but its interval reaches 1, "
-    "NO otherwise."
+    "<method>-fixed) on the same questions (`make leaderboard-budget` runs every method both ways and the baseline in "
+    "one job, in turn question by question: `interleave=[...] budget=both`). auto/fixed: auto's mean per-question "
+    "tokens/s over fixed's on the questions both answered, with its 95% paired bootstrap interval over those "
+    "questions. auto >= fixed: yes when that ratio is at least 1, within noise when it is below 1 but its interval "
+    "reaches 1, NO otherwise."
 )
 
 

@@ -56,7 +56,7 @@ def check_overrides(overrides: list[str]) -> None:
         if key.startswith("hydra") or item.startswith(("+", "~")):
             continue
         root = key.split(".", 1)[0].split("@", 1)[0]
-        if key == "method":
+        if key in ("method", "interleave"):
             for name in _values(value):
                 if name not in registry:
                     raise registry.unknown(name)
@@ -89,6 +89,18 @@ def check_compose(overrides: list[str]) -> None:
             cause = str(exc.__cause__ or "").strip().splitlines()
             detail = ": ".join(x.rstrip(".") for x in lines[:1] + cause[:1]) or type(exc).__name__
             raise SpecbenchError(f"{detail} (prefix a new key with +)") from None
+
+
+def compose_method(name: str) -> DictConfig:
+    """The config of method `name` as `method=<name>` composes it (inheritance included), from
+    inside a Hydra job or outside one."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=[f"method={name}"]).method
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[f"method={name}"]).method
 
 
 def selected_subtasks(task_cfg: DictConfig | None) -> list[str]:
@@ -143,6 +155,9 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.get("budget") not in (None, *BUDGET_MODES, BOTH):
         fail(f"budget must be one of {', '.join(BUDGET_MODES)}, {BOTH} (the two in turn, question by question) or "
              f"null (each method's own), got {cfg.budget!r}")
+    lanes = cfg.get("interleave") or []
+    if not isinstance(lanes, (list, ListConfig)) or not all(isinstance(x, str) and x for x in lanes):
+        fail(f"interleave must be a list of method names, e.g. interleave=[sps,pld], got {lanes!r}")
     if not _is_int(cfg.warmup) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
     if not _is_int(cfg.seed) or not 0 <= cfg.seed < 2**63:

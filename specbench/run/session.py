@@ -48,7 +48,7 @@ from specbench.engine.batch import batch_problem
 from specbench.engine.budget import BUDGET_MODES
 from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
-from specbench.run.config import BOTH, check_values, selected_subtasks
+from specbench.run.config import BOTH, check_values, compose_method, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
 from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
@@ -185,12 +185,14 @@ class Session:
                          self.batch_size)
         return folder / shard_dir(c.shard) if c.shard else folder
 
-    def run_method(self, method_cfg: DictConfig) -> None:
-        """Every run of one method; under the run-wide `budget=both`, a method with a draft budget
-        runs as two lanes, `auto` and `fixed`, answering the questions in turn (see `answer_all`)."""
-        both = self.cfg.get("budget") == BOTH and "budget" in method_cfg
-        budgets = BUDGET_MODES if both else (self.cfg.get("budget"),)
-        cfgs = [with_run_budget(method_cfg, b) for b in budgets]
+    def run_methods(self, method_cfgs: list[DictConfig]) -> None:
+        """Every run of these methods, answering the questions in turn (one lane each; `answer_all`);
+        under the run-wide `budget=both`, a method with a draft budget is two lanes, `auto` and
+        `fixed`."""
+        cfgs = []
+        for method_cfg in method_cfgs:
+            both = self.cfg.get("budget") == BOTH and "budget" in method_cfg
+            cfgs += [with_run_budget(method_cfg, b) for b in (BUDGET_MODES if both else (self.cfg.get("budget"),))]
         methods = [build_method(c, self.target, self.cfg.model) for c in cfgs]
         self.labels.extend(method_label(c) for c in cfgs)
         for method, c in zip(methods, cfgs, strict=True):
@@ -316,14 +318,17 @@ class Session:
             )
 
     def answer_all(self, lanes: list[Lane]) -> None:
-        """Answer each lane's `todo`, one flushed line each. Several lanes (`budget=both`) take
-        turns question by question (batch by batch), the first to go alternating, so a drift of
-        the machine's speed falls on all of them alike. A failing question becomes a row in
-        errors.jsonl and the run goes on; Ctrl-C (seen at the next question boundary, the last
-        one included) keeps what was written, says so and ends the whole run."""
+        """Answer each lane's `todo`, one flushed line each. Several lanes (`budget=both`,
+        `interleave=[...]`) take turns question by question (batch by batch), their order reversed
+        every other turn, so a drift of the machine's speed falls on all of them alike. A failing
+        question becomes a row in errors.jsonl and the run goes on; Ctrl-C (seen at the next
+        question boundary, the last one included) keeps what was written, says so and ends the
+        whole run."""
         self.outcomes.extend(lane.outcome for lane in lanes)
-        bar = tqdm(total=sum(len(lane.todo) for lane in lanes), desc=" + ".join(lane.outcome.label for lane in lanes),
-                   unit="q", disable=not self.cfg.progress, file=sys.stderr)
+        few = len(lanes) <= 4
+        desc = " + ".join(lane.outcome.label for lane in lanes) if few else f"{len(lanes)} method runs in turn"
+        bar = tqdm(total=sum(len(lane.todo) for lane in lanes), desc=desc, unit="q", disable=not self.cfg.progress,
+                   file=sys.stderr)
         size = self.batch_size  # questions per timed call: one, a static batch, or a continuous one's queue
         if size > 1 and self.cfg.batch_mode == "continuous":
             size *= int(self.cfg.batch_queue)
@@ -340,7 +345,8 @@ class Session:
                         if group:
                             self.answer_group(lane, group, writer)
                             bar.update(len(group))
-                            bar.set_postfix_str(" | ".join(f"{x.name} {x.rate()}" for x in lanes))
+                            if few:
+                                bar.set_postfix_str(" | ".join(f"{x.name} {x.rate()}" for x in lanes))
             if self.interrupted():
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
@@ -584,14 +590,21 @@ def with_run_budget(method_cfg: DictConfig, budget: str | None) -> DictConfig:
 
 
 def run(cfg: DictConfig) -> Session:
-    """`python -m specbench run`: the baseline first (unless baseline=false), then the method.
+    """`python -m specbench run`: the baseline first (unless baseline=false), then the method; with
+    `interleave=[...]`, the baseline, the method and those methods all in turn, question by question.
     One Ctrl-C ends the run at the next question boundary, whichever phase it falls in."""
     session = Session(cfg)
     plan = [cfg.method]
-    if cfg.baseline and cfg.method.name != "baseline":
+    for name in cfg.get("interleave") or []:
+        if name not in {m.name for m in plan}:
+            plan.append(compose_method(name))
+    if cfg.baseline and all(m.name != "baseline" for m in plan):
         plan.insert(0, OmegaConf.load(CONFIG_DIR / "method" / "baseline.yaml"))
     with interrupt_flag() as interrupted:
         session.interrupted = interrupted
-        for method_cfg in plan:
-            session.run_method(method_cfg)
+        if cfg.get("interleave"):
+            session.run_methods(plan)  # one phase: every method in turn, question by question
+        else:
+            for method_cfg in plan:
+                session.run_methods([method_cfg])
     return session
