@@ -49,7 +49,7 @@ DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
 #: a run with `method.budget=fixed` is filed and reported as <method><FIXED_SUFFIX> (auto keeps the name)
 FIXED_SUFFIX = "-fixed"
-CURVE_VERSION = 1
+CURVE_VERSION = 2  # 2: row counts timed in turn, pass by pass
 
 
 def cost_dir() -> Path:
@@ -69,16 +69,17 @@ class CostCurve:
     batch: int = 1
     _table: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
-    def time(self, rows: float, context: float = 0.0) -> float:
+    def time(self, rows: int, context: float = 0.0) -> float:
         return float(self.times(np.array([rows]), context)[0])
 
     def times(self, rows: np.ndarray, context: float = 0.0) -> np.ndarray:
+        """Seconds at each of `rows` (whole numbers >= 0) at `context` cached positions."""
         tables = self._dense()
-        index = np.asarray(rows).astype(np.int64)
-        if index.size and index.max() < tables.shape[1] and index.min() >= 0 and (index == rows).all():
+        index = np.asarray(rows, dtype=np.int64)
+        if index.size and index.max() < tables.shape[1]:
             at = tables[:, index]  # per context: (len(rows),), read from the table
         else:
-            at = np.stack([_interp(np.asarray(rows, dtype=float), self.rows, s) for s in self.seconds])
+            at = np.stack([_interp(index.astype(float), self.rows, s) for s in self.seconds])
         if len(at) == 1:
             return at[0]
         c0, c1 = self.contexts[0], self.contexts[-1]
@@ -139,7 +140,8 @@ def _sync(device: torch.device) -> None:
 @torch.inference_mode()
 def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: int | None = None) -> CostCurve:
     """Time the target's forward on `rows` new positions over a cache of each context length
-    (random tokens; the median of `repeats` after a warm-up; made non-decreasing in rows)."""
+    (random tokens; passes over every row count in turn, the first a warm-up, the median of the
+    other `repeats` per row count; made non-decreasing in rows)."""
     model, device = target.model, target.device
     limit = context_limit or 2048
     contexts = sorted({max(8, min(64, limit // 8)), max(16, min(512, limit // 2))})
@@ -153,20 +155,18 @@ def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: 
             record_past()  # sliding-window layers can then be cropped back after each timing
         ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        at = []
-        for n in rows:
-            block = torch.randint(0, vocab, (batch, n), generator=gen).to(device)
-            times = []
-            for i in range(repeats + 1):
+        blocks = [torch.randint(0, vocab, (batch, n), generator=gen).to(device) for n in rows]
+        times: list[list[float]] = [[] for _ in rows]
+        for i in range(repeats + 1):  # every row count once per pass: a drift of the machine's speed hits all alike
+            for n, block, seen in zip(rows, blocks, times, strict=True):
                 _sync(device)
                 t = time.perf_counter()
                 model(input_ids=block, cache=cache, use_cache=True)
                 _sync(device)
-                if i:
-                    times.append(time.perf_counter() - t)
+                if i:  # the first pass warms up
+                    seen.append(time.perf_counter() - t)
                 cache.crop(-n)
-            at.append(float(np.median(times)))
-        seconds.append(monotone(at))
+        seconds.append(monotone([float(np.median(seen)) for seen in times]))
     return CostCurve(rows, contexts, seconds, batch)
 
 
@@ -226,6 +226,7 @@ class OnlineFit:
 #: calibration bins of a drafter's confidence (equal width over [0, 1])
 CONF_BINS = 20
 PRIOR = 2.0  # pseudo-observations behind every prior
+REFRESH = 4  # learned tables rebuilt every REFRESH verdicts (every one at first): one verdict barely moves them
 MAX_DEPTH, MAX_RANK = 32, 16
 
 
@@ -239,16 +240,20 @@ class AcceptanceModel:
         self.conf_seen = np.zeros(CONF_BINS)
         self.pos_hits = np.zeros((MAX_DEPTH + 1, MAX_RANK))
         self.pos_seen = np.zeros((MAX_DEPTH + 1, MAX_RANK))
+        self.steps = 0
         self._changed()
 
     def _changed(self) -> None:
-        self.tables: dict[torch.device, torch.Tensor] = {}  # calibration() per device, until the next observe
+        self.tables: dict[torch.device, torch.Tensor] = {}  # calibration() per device, until the next refresh
+        self._calibration: np.ndarray | None = None
         self._rates: np.ndarray | None = None
 
     def calibration(self) -> np.ndarray:
         """(CONF_BINS,) conditional acceptance per confidence bin."""
-        centers = (np.arange(CONF_BINS) + 0.5) / CONF_BINS
-        return (self.conf_hits + PRIOR * centers) / (self.conf_seen + PRIOR)
+        if self._calibration is None:
+            centers = (np.arange(CONF_BINS) + 0.5) / CONF_BINS
+            self._calibration = (self.conf_hits + PRIOR * centers) / (self.conf_seen + PRIOR)
+        return self._calibration
 
     def calibrate(self, confidence: torch.Tensor) -> torch.Tensor:
         """Conditional acceptance of nodes with these confidences (same shape, float)."""
@@ -275,25 +280,24 @@ class AcceptanceModel:
     def rate(self, depth: int, rank: int = 0) -> float:
         return float(self.rates()[min(depth, MAX_DEPTH), min(rank, MAX_RANK - 1)])
 
-    def conditional(self, tree: DraftTree) -> torch.Tensor:
+    def conditional(self, tree: DraftTree) -> np.ndarray:
         """(n,) each node's chance of acceptance once its parent is accepted."""
         if tree.confidence is not None and tree.draft_probs is None:
-            return self.calibrate(tree.confidence.float()).cpu()
+            return self.calibration()[_bins(tree.confidence.float()).cpu().numpy()]
         depth, rank, _ = _positions(tree.parents)
-        return torch.from_numpy(self.rates()[depth, rank]).float()
+        return self.rates()[depth, rank]
 
-    def node_probs(self, tree: DraftTree) -> torch.Tensor:
+    def node_probs(self, tree: DraftTree) -> np.ndarray:
         """(n,) each node's chance of being accepted: the product of conditionals along its path."""
-        cond = self.conditional(tree).clamp(1e-6, 1.0).tolist()
-        reach: list[float] = []
-        for c, parent in zip(cond, tree.parents):  # parents come first; c <= 1, so a child never passes its parent
-            reach.append(c if parent < 0 else reach[parent] * c)
-        probs = torch.tensor(reach, dtype=torch.float64)
+        reach = np.clip(self.conditional(tree), 1e-6, 1.0).tolist()
+        for i, parent in enumerate(tree.parents):  # parents come first; <= 1, so a child never passes its parent
+            if parent >= 0:
+                reach[i] *= reach[parent]
         if tree.kind == "without_replacement":  # keep such siblings as a prefix: never above an earlier one
             for kids in tree.layout.children:
                 for a, b in zip(kids, kids[1:]):
-                    probs[b] = torch.minimum(probs[b], probs[a])
-        return probs
+                    reach[b] = min(reach[b], reach[a])
+        return np.asarray(reach)
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         """Count every node whose parent was accepted: accepted or not."""
@@ -311,7 +315,9 @@ class AcceptanceModel:
             bins = _bins(tree.confidence.float()).cpu().numpy()[seen]
             np.add.at(self.conf_seen, bins, 1.0)
             np.add.at(self.conf_hits, bins, hit)
-        self._changed()
+        self.steps += 1
+        if self.steps <= REFRESH or self.steps % REFRESH == 0:
+            self._changed()
 
 
 @lru_cache(maxsize=1024)
@@ -428,26 +434,27 @@ class BudgetPolicy:
         aux = tree.aux.k if tree.aux is not None else 0
         draft = self.draft_time(n if work is None else work)
         if n == 0:
-            self._remember(np.array([1.0]), draft + self.verify_time(np.array([1 + aux]), context), 0, context, aux)
+            self._remember(np.array([1.0]), draft, 0, context, aux)
             return tree
         probs = self.accept.node_probs(tree)
-        order = torch.sort(-probs, stable=True).indices  # a parent's chance >= its child's: parents first
-        value = np.concatenate([[1.0], 1.0 + np.cumsum(probs[order].numpy())])
-        cost = draft + self.verify_time(np.arange(n + 1) + 1 + aux, context)
-        k = self._remember(value, cost, n, context, aux)
+        order = np.argsort(-probs, kind="stable")  # a parent's chance >= its child's: parents first
+        value = np.concatenate([[1.0], 1.0 + np.cumsum(probs[order])])
+        k = self._remember(value, draft, n, context, aux)
         if k == n:
             return tree
         keep = sorted(order[:k].tolist())
         return tree.prune(keep) if tree.aux is not None else tree.select(keep)
 
-    def _remember(self, value: np.ndarray, cost: np.ndarray, n: int, context: float, aux: int) -> int:
-        rates = value / np.maximum(cost, 1e-9)
+    def _remember(self, value: np.ndarray, draft: float, n: int, context: float, aux: int) -> int:
+        """The best number of nodes (value[k]: expected tokens with the first k); it sets the rate
+        of that choice and what one more row would cost there."""
+        verify = self.verify_time(np.arange(n + 2) + 1 + aux, context)  # 0..n nodes, and one more
+        rates = value / np.maximum(draft + verify[:-1], 1e-9)
         # At least the likeliest node when there is one: what is never verified is never learnt (a
         # pessimistic start would otherwise stay pessimistic), and one row costs little.
         k = max(int(np.argmax(rates)), min(n, 1))
         self.rate_now = float(rates[k])
-        pair = self.verify_time(np.array([k + 1 + aux, k + 2 + aux]), context)
-        self.marginal = max(float(pair[1] - pair[0]), 0.0)
+        self.marginal = max(float(verify[k + 1] - verify[k]), 0.0)
         return k
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
