@@ -52,8 +52,7 @@ BATCH_ARGS ?= task=all limit=10
 # (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), all of
 # them and the baseline in one job, in turn question by question (`interleave=[...] budget=both`: a drift of
 # the machine's speed hits every method alike) on BUDGET_ARGS' questions, in their own answers folder, and
-# the report with the
-# "auto against fixed" table under results/leaderboard/budget.
+# the report with the "auto against fixed" table under results/leaderboard/budget.
 BUDGET_ANSWERS ?= results/answers-budget
 BUDGET_ARGS ?= task=all limit=10
 BENCH_OUT ?= results/bench

@@ -35,8 +35,10 @@ def run_summary(session: Session) -> str:
     lines += [f"{n} vs baseline | {where}: no baseline answers to compare with (run with baseline=true)"
               for n in names if n not in found]
     if len(found) > 2:  # many method runs (interleave=[...]): their overall rows in one table
-        rows = [{**table.loc[(n, OVERALL)].to_dict(), "subtask": OVERALL, "label": n} for n in found]
-        rows = [{**r, "questions": int(r["questions"])} for r in rows]
+        rows = []
+        for n in found:
+            row = table.loc[(n, OVERALL)].to_dict()
+            rows.append({**row, "questions": int(row["questions"]), "subtask": OVERALL, "label": n})
         lines.append(speedup_table(rows, title=f"all questions, against the baseline | {where}", runs=int(cfg.runs),
                                    first="Method"))
     else:

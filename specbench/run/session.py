@@ -264,19 +264,17 @@ class Session:
         try:
             self.answer_all(lanes)
         except BaseException:
-            try:
-                during = self.guard.stop()
-            except Exception:  # noqa: BLE001 - the run's own error tells more
-                during = None
-            for lane in lanes:
-                self.write_measurements(lane, before, during, memory, failing=True)
+            with contextlib.suppress(Exception):  # e.g. a broken CUDA context: the run's own error tells more
+                during, peak = self.guard.stop(), memory.stop()
+                for lane in lanes:
+                    self.write_measurements(lane, before, during, peak, failing=True)
             raise
-        during = self.guard.stop()
+        during, peak = self.guard.stop(), memory.stop()  # the phase's, once: every lane shares them
         for lane in lanes:
-            self.write_measurements(lane, before, during, memory)
+            self.write_measurements(lane, before, during, peak)
 
     def write_measurements(
-        self, lane: Lane, before: dict[str, Any], during: dict[str, Any] | None, memory: MemoryProbe,
+        self, lane: Lane, before: dict[str, Any], during: dict[str, Any], peak: dict[str, Any],
         failing: bool = False,
     ) -> None:
         """The meta again, with what the timed run measured besides its answers: contention (other
@@ -286,7 +284,7 @@ class Session:
         meta, label = lane.meta, lane.outcome.label
         try:
             contention = self.guard.summary(before, during)
-            measured = memory.stop()
+            measured = dict(peak)  # `resumed` raises it to an earlier part's peak, per lane
             resumed(contention, measured, lane.previous)
             measured["drafter"] = drafter_memory(lane.method, self.target)
         except Exception:  # noqa: BLE001 - e.g. a broken CUDA context: the run's own error tells more
