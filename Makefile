@@ -8,15 +8,16 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-# The methods of the main job and the leaderboard (Hydra multirun; the baseline runs first): empty
-# means the registry's `bench` suite (`specbench methods --names --suite bench`: the built-ins and
+# The methods of the main job and the leaderboard (one job each: the baseline and every method answer each
+# question in turn, the order alternating, so every speedup is a paired ratio): empty means the registry's
+# `bench` suite (`specbench methods --names --suite bench`: the built-ins and
 # your methods/ folder), asked when the recipe runs; `make bench METHODS=baseline,sps` picks some.
 METHODS ?=
 BENCH_ARGS ?= task=all limit=10
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench leaderboard leaderboard-batch leaderboard-budget check test zoo data synth lint
+.PHONY: install bench leaderboard leaderboard-batch leaderboard-budget check gate-power test zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +30,7 @@ install: $(STAMP)
 bench: install  ## the main job: every method on 10 synthetic questions per subtask with the tiny zoo, then the table
 	$(PY) -m specbench zoo build
 	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench))" && \
-	$(PY) -m specbench -m run method=$$methods $(BENCH_ARGS)
+	$(PY) -m specbench run method=baseline interleave=[$$methods] $(BENCH_ARGS)
 	$(PY) -m specbench report --out $(BENCH_OUT)
 
 # `make leaderboard`: the committed leaderboard (results/leaderboard). The greedy table: the `leaderboard`
@@ -60,9 +61,9 @@ BENCH_OUT ?= results/bench
 leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions x 1 run, and the temperature sweep
 	$(PY) -m specbench zoo build
 	methods="$$($(PY) -m specbench methods --names --suite leaderboard)" && \
-	$(PY) -m specbench -m run method=$$methods $(LEADERBOARD_ARGS) output_dir=$(LEADERBOARD_ANSWERS)
+	$(PY) -m specbench run method=baseline interleave=[$$methods] $(LEADERBOARD_ARGS) output_dir=$(LEADERBOARD_ANSWERS)
 	methods="$$($(PY) -m specbench methods --names --suite sweep)" && \
-	$(PY) -m specbench -m run method=$$methods temperature=$(SWEEP_TEMPS) $(SWEEP_ARGS) \
+	$(PY) -m specbench -m run method=baseline interleave=[$$methods] temperature=$(SWEEP_TEMPS) $(SWEEP_ARGS) \
 	    output_dir=$(LEADERBOARD_ANSWERS)
 	$(PY) -m specbench report $(LEADERBOARD_ANSWERS) --out $(LEADERBOARD_OUT)
 	$(MAKE) --no-print-directory leaderboard-budget
@@ -77,7 +78,7 @@ leaderboard-budget: install  ## draft budgets side by side: each speculative met
 leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report
 	$(PY) -m specbench zoo build
 	methods="$$($(PY) -m specbench methods --names --suite batch)" && \
-	$(PY) -m specbench -m run sweep=batch method=$$methods $(BATCH_ARGS) output_dir=$(BATCH_ANSWERS)
+	$(PY) -m specbench -m run sweep=batch method=baseline interleave=[$$methods] $(BATCH_ARGS) output_dir=$(BATCH_ANSWERS)
 	$(PY) -m specbench report $(BATCH_ANSWERS) --out $(LEADERBOARD_OUT)/batching
 
 .PHONY: browser
@@ -86,8 +87,15 @@ browser:  ## Debian's Chromium and its driver for tests/test_page.py (apt-get; s
 	else sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; fi
 
-check: install  ## quick regression check against results/reference (what CI runs after the tests)
+check: install  ## the regression gate (CI): the quick suite at the base commit and here, in turn, compared paired
 	$(PY) -m specbench check --quick
+
+# `make gate-power`: the gate's measured power (scripts/gate_power.py): an SpS slowed by 10/15/25% and
+# unchanged code, each judged by the gate's test REPEATS times; writes results/reference/gate-power.md.
+REPEATS ?= 10
+gate-power: install  ## measure the regression gate's detection and false-alarm rates (about 25 minutes)
+	$(PY) -m specbench zoo build
+	$(PY) scripts/gate_power.py --repeats $(REPEATS) --out results/reference/gate-power.md
 
 # `make test`: the zoo (and its heads) first, alone (training beside anything else runs 3-8x slower), then
 # the tests in TEST_WORKERS processes (pytest-xdist; a test file stays in one process; each process runs

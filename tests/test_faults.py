@@ -57,10 +57,11 @@ def ctrl_c_at(monkeypatch, method: str, question_id: int, presses: int = 1):
     monkeypatch.setattr(Session, "answer", pressing)
 
 
-def interrupted_run(tiny_models, tmp_path, monkeypatch, method, question_id, presses=1):
+def interrupted_run(tiny_models, tmp_path, monkeypatch, method, question_id, presses=1, schedule="sequential"):
     questions = write_questions(tmp_path / "q.jsonl", per_category=1)
     out = tmp_path / "results"
-    args = base_args(tiny_models["llama"], questions, out, "task=[qa,rag,translation]", "method=pld")
+    args = base_args(tiny_models["llama"], questions, out, "task=[qa,rag,translation]", "method=pld",
+                     f"schedule={schedule}")
     ctrl_c_at(monkeypatch, method, question_id, presses)
     return out, args, cli(*args, cwd=tmp_path)
 
@@ -87,6 +88,21 @@ def test_ctrl_c_ends_the_run_in_every_phase(tiny_models, tmp_path, monkeypatch, 
     for method_name in ("baseline", "pld"):
         ids = [r["question_id"] for r in read_answers(answers_file(out, method_name))]
         assert sorted(ids) == [3, 5, 7]
+
+
+def test_ctrl_c_in_an_interleaved_job_stops_at_the_next_answer(tiny_models, tmp_path, monkeypatch):
+    """The default schedule: the baseline and pld take turns (q3: baseline, pld; q5: pld, baseline);
+    Ctrl-C while pld answers q5 keeps q3 of both and pld's q5, and the same command finishes both."""
+    out, args, result = interrupted_run(tiny_models, tmp_path, monkeypatch, "PLD", 5, schedule="interleaved")
+    assert result.code == 130 and "pld run 1: interrupted after 2 of 3" in result.err, result
+    assert "baseline run 1: interrupted after 1 of 3" in result.err
+    assert [r["question_id"] for r in read_answers(answers_file(out))] == [3]
+    assert [r["question_id"] for r in read_answers(answers_file(out, "pld"))] == [3, 5]
+    monkeypatch.undo()
+    again = cli(*args, cwd=tmp_path)
+    assert again.code == 0 and "Overall" in again.out, again
+    for name in ("baseline", "pld"):
+        assert sorted(r["question_id"] for r in read_answers(answers_file(out, name))) == [3, 5, 7]
 
 
 def test_ctrl_c_during_warmup_stops_before_any_answer(tiny_models, tmp_path, monkeypatch):

@@ -186,14 +186,15 @@ def test_bad_plugin_files_get_one_line_errors(tmp_path, monkeypatch):
 
 def test_check_quick_runs_the_quick_suite(plugin_dir, monkeypatch):
     from specbench.presentation import check
-    from specbench.run import session
 
     (plugin_dir / "fast.yaml").write_text(f"name: fast\nimpl: {BASELINE_IMPL}\nsuites: [quick]\n")
     ran = []
-    monkeypatch.setattr(session, "run", lambda cfg: ran.append(cfg.method.name))
+    monkeypatch.setattr(check, "run_job", lambda command, cwd, what: ran.append(command) or 0.0)
     cfg = check.load_check_config()
     check.run_quick(cfg, plugin_dir / "out")
-    assert set(ran) == QUICK | {"fast"} and len(ran) == len(QUICK) + 1
+    (command,) = ran  # one job: the baseline and the suite in turn
+    lanes = command[5].removeprefix("interleave=[").removesuffix("]").split(",")
+    assert command[4] == "method=baseline" and set(lanes) == (QUICK | {"fast"}) - {"baseline"}
     with pytest.raises(SpecbenchError, match="no method is in suite 'none'"):
         check.run_quick(check.load_check_config(["quick.suite=none"]), plugin_dir / "out")
 

@@ -202,3 +202,26 @@ def contention_note(group: Group) -> str | None:
     limit = f", threshold {threshold:g}" if threshold is not None else ""
     return (f"measured under contention ({load}{limit}): {runs}{base}; "
             "run them again on a quiet machine (overwrite=true) for clean timings")
+
+
+def schedule_note(group: Group) -> str | None:
+    """How the speeds were timed: paired (each method in turn with the baseline, question by question,
+    in one job: its meta's `phase`) or not (timed apart: a drift of the machine between jobs moves the
+    speedup); None for upstream files, which do not say."""
+    paired, apart = [], []
+    for r in group.results:
+        if r.method == BASELINE:
+            continue
+        phases = [m.get("phase") for run in group.methods.get(r.method, []) for m in run.part_metas]
+        if not any(isinstance(p, dict) for p in phases):
+            continue  # not recorded (upstream files, or answers older than the schedules)
+        together = all(isinstance(p, dict) and BASELINE in (p.get("lanes") or []) for p in phases)
+        (paired if together else apart).append(r.method)
+    if not paired and not apart:
+        return None
+    if not apart:
+        return (f"Speedups are paired: the baseline and the {len(paired)} method(s) answered every question in turn "
+                "in one job (schedule: interleaved), so a drift of the machine's speed falls on all of them alike.")
+    note = (f"Not paired: {', '.join(apart)} timed apart from the baseline (schedule: sequential, or the baseline's "
+            "answers were already there): their speedups carry any drift of the machine between the jobs")
+    return note + (f"; {', '.join(paired)} paired with it in one job." if paired else ".")

@@ -45,6 +45,11 @@ def run_summary(session: Session) -> str:
         for name in found:
             rows = table.loc[name].reset_index().to_dict("records")
             lines.append(speedup_table(rows, title=f"{name} vs baseline | {where}", runs=int(cfg.runs)))
+    if found:
+        lines.append("schedule=sequential: methods timed one after another; their speedups carry any drift of the "
+                     "machine between them" if cfg.get("schedule") == "sequential" else
+                     "schedule=interleaved: the baseline and the methods answered each question in turn, so the "
+                     "speedups are paired (answers already there from an earlier job are not)")
     for outcome in session.failures():
         lines.append(f"{outcome.label}: {outcome.failed} failed question(s) not in these numbers "
                      f"(listed in {outcome.folder / ERRORS})")

@@ -15,7 +15,8 @@ commands:
   run [overrides]      benchmark a method, e.g. `run method=baseline task=all limit=2`
                        (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps)
   report [results]     leaderboard tables (md/csv/tex) and figures from answer files
-  check [--quick] [--update]  compare results with results/reference; exit 1 on a regression
+  check --quick [--base REV]  the quick suite at the base commit and here, in turn, compared paired;
+                       exit 1 on a regression (`check` alone: results against results/reference)
   methods [--names [--suite S]] [--markdown]
                        the methods of every source (built-in, methods/ folder, search path, entry points)
   recommend --memory-gb X --training yes|no [--temperature T]

@@ -7,6 +7,7 @@ in one target forward. K may adapt as in transformers' "heuristic" schedule.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -110,14 +111,31 @@ class SpsDrafter(Drafter):
         self.vocab_size = vocab_size
         self.schedule = schedule
         self.max_tokens = max_tokens
-        self.k = num_tokens
+        self.schedule_state = {"k": num_tokens}  # K across calls: shared with the forks of a batch (see fork)
         self.cache = None
         self.cached = 0  # tokens (prompt + generated) the draft cache holds
         self.drafted = 0  # chain length of the last proposal
         self.sampling = SamplingParams()
 
+    @property
+    def k(self) -> int:
+        return self.schedule_state["k"]
+
+    @k.setter
+    def k(self, value: int) -> None:
+        self.schedule_state["k"] = value
+
     def reset(self) -> None:
         self.k = self.k0
+
+    def fork(self) -> SpsDrafter:
+        """A row's drafter: under the heuristic schedule K is carried across calls, so the rows share
+        it (at batch size 1 the batched loop then drafts exactly as the plain one); under
+        heuristic_transient each call (row) starts its own."""
+        twin = copy.copy(self)
+        if self.schedule == "heuristic_transient":
+            twin.schedule_state = dict(self.schedule_state)
+        return twin
 
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
         # The draft's prompt prefill happens in the first propose, merged with the first token.

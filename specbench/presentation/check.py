@@ -1,25 +1,36 @@
 """`python -m specbench check`: fail CI when speedup or acceptance regresses.
 
-A reference (`results/reference/<dataset>-<model>[-quick].json`, written by `--update`)
-holds each method's per-subtask #mean accepted tokens and speedup with its noise. Acceptance
-is deterministic under greedy decoding, so it gets a tight absolute tolerance; speedup gets a
-relative one that widens with the measured run-to-run / bootstrap noise.
+`check --quick` (what CI runs) measures a regression as a change between two commits on one
+machine: the base commit (`results/reference/base.json`, or `--base REV`) is checked out in a git
+worktree, and the quick suite runs twice, the base's code and then the change's, each as one job
+in which the baseline and the methods answer every question in turn. Per method, the paired
+per-(question, turn) ratio of its time per token over the baseline's is compared between the two
+jobs with a one-sided sign-flip test (`specbench.analysis.paired`); #mean accepted tokens must be
+equal where the target's weights are. No speed measured on another machine is used.
+
+`check` without --quick compares existing results with a stored reference
+(`results/reference/<dataset>-<model>.json`, written by `--update`): acceptance exactly where the
+reference was made with the same weights (its fingerprint), speedup with a noise-widened tolerance.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from specbench.analysis import report
+from specbench.analysis import paired, report
 from specbench.analysis.audit import is_bug
+from specbench.analysis.runs import BASELINE, Run, group_runs, load_runs
 from specbench.core.args import ArgumentParser
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS
@@ -42,7 +53,7 @@ def load_check_config(overrides: list[str] | None = None) -> DictConfig:
         except OmegaConfBaseException:
             raise SpecbenchError(f"unknown check setting '{item.split('=', 1)[0]}'; the settings are those of "
                                  f"{CONFIG_DIR / 'check.yaml'}") from None
-    for tolerances, where in ((cfg.tolerance, "tolerance"), (cfg.quick.get("tolerance") or {}, "quick.tolerance")):
+    for tolerances, where in ((cfg.tolerance, "tolerance"), (cfg.quick.gate, "quick.gate")):
         for key, value in tolerances.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise SpecbenchError(f"{where}.{key} must be a number >= 0, got {value!r}")
@@ -82,14 +93,14 @@ def reference_path(ref_dir: Path, group: report.Group, quick: bool) -> Path:
 def compare(ref: dict[str, Any], now: dict[str, Any], tol: DictConfig) -> tuple[list[list[str]], bool]:
     """Rows of (method, subtask, metric, reference, now, delta, verdict) and whether any regressed."""
     rows, regressed = [], False
-    acc_tol = tol.mean_accepted_abs
-    if ref.get("target_weights") and now.get("target_weights") and ref["target_weights"] != now["target_weights"]:
-        # Another build of the same model (e.g. the zoo trained afresh on another machine): greedy
-        # acceptance is only comparable loosely. Say so rather than fail on a non-regression.
-        acc_tol = tol.mean_accepted_abs_other_weights
+    same_weights = not (ref.get("target_weights") and now.get("target_weights")
+                        and ref["target_weights"] != now["target_weights"])
+    if not same_weights:
+        # Another build of the model (e.g. the zoo trained on another CPU: bf16 units change its
+        # weights): greedy acceptance is a property of the weights, so it is not compared at all.
         print(f"note: the reference was made with other weights of this model ({ref['target_weights']} vs "
-              f"{now['target_weights']}); #mean accepted tolerance widened to {acc_tol}; "
-              "`check --update` on this machine makes it tight again")
+              f"{now['target_weights']}); #mean accepted tokens is not compared; `check --quick` compares two "
+              "commits on this machine instead, or `check --update` here makes a reference for these weights")
     for method, subtasks in sorted(ref["methods"].items()):
         for subtask, old in sorted(subtasks.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 99):
             new = now["methods"].get(method, {}).get(subtask)
@@ -98,9 +109,10 @@ def compare(ref: dict[str, Any], now: dict[str, Any], tol: DictConfig) -> tuple[
                 regressed = True
                 continue
             acc_delta = new["mean_accepted"] - old["mean_accepted"]
-            acc_bad = acc_delta < -acc_tol
+            acc_bad = same_weights and acc_delta < -tol.mean_accepted_abs
             rows.append([method, subtask, "#mean accepted", f"{old['mean_accepted']:.3f}",
-                         f"{new['mean_accepted']:.3f}", f"{acc_delta:+.3f}", "REGRESSED" if acc_bad else "ok"])
+                         f"{new['mean_accepted']:.3f}", f"{acc_delta:+.3f}",
+                         ("REGRESSED" if acc_bad else "ok") if same_weights else "other weights"])
             allowed = max(tol.speedup_rel_min, tol.noise_sigmas * math.hypot(old["noise"], new["noise"]))
             rel = new["speedup"] / old["speedup"] - 1 if old["speedup"] else 0.0
             speed_bad = method != report.BASELINE and rel < -allowed
@@ -110,22 +122,177 @@ def compare(ref: dict[str, Any], now: dict[str, Any], tol: DictConfig) -> tuple[
     return rows, regressed
 
 
-def run_quick(cfg: DictConfig, out_dir: Path) -> None:
-    """Run the methods of the quick suite (`suites: [..., quick]` in a method's YAML, any source)
-    on the embedded default into `out_dir`."""
-    from hydra import compose, initialize_config_dir
-
+def quick_methods(cfg: DictConfig) -> list[str]:
+    """The methods of the quick suite (`suites: [..., quick]` in a method's YAML, any source)."""
     from specbench.run import registry
-    from specbench.run import session as runner
 
-    methods = registry.register_with_hydra(registry.discover()).names(suite=cfg.quick.suite)
+    methods = [m for m in registry.register_with_hydra(registry.discover()).names(suite=cfg.quick.suite)
+               if m != BASELINE]
     if not methods:
         raise SpecbenchError(f"no method is in suite '{cfg.quick.suite}'; add it to a method's suites: [...]")
-    for method in methods:
-        overrides = [f"method={method}", f"output_dir={out_dir}", *cfg.quick.overrides]
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            run_cfg = compose("config", overrides=overrides)
-        runner.run(run_cfg)
+    return methods
+
+
+def job_command(methods: list[str], out_dir: Path, overrides: list[str]) -> list[str]:
+    """`specbench run`: the baseline and `methods` in turn, question by question, in one job."""
+    return [sys.executable, "-m", "specbench", "run", "method=baseline", f"interleave=[{','.join(methods)}]",
+            f"output_dir={out_dir}", *overrides]
+
+
+def run_job(command: list[str], cwd: Path, what: str) -> float:
+    """Run one job of the gate (its output passed through); its seconds. A failing job is an error."""
+    print(f"\n== {what}: {' '.join(command[3:])}", flush=True)
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(cwd)}  # this tree's specbench, not the installed one
+    done = subprocess.run(command, cwd=cwd, env=env, check=False)
+    if done.returncode != 0:
+        raise SpecbenchError(f"the {what} job failed (exit {done.returncode}; its error is above); fix it and run "
+                             "check again")
+    return time.perf_counter() - started
+
+
+def run_quick(cfg: DictConfig, out_dir: Path, cwd: Path | None = None) -> None:
+    """Run the quick suite on the embedded default into `out_dir`, as one interleaved job."""
+    run_job(job_command(quick_methods(cfg), out_dir, list(cfg.quick.overrides)), cwd or Path.cwd(), "quick suite")
+
+
+def git(args: list[str], cwd: Path) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SpecbenchError(f"git {' '.join(args)} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}; "
+                             "check --quick needs a git checkout of specbench with the base commit in its history")
+    return done.stdout.strip()
+
+
+def base_commit(cfg: DictConfig, root: Path, given: str | None) -> str:
+    """The commit to compare with: `--base REV`, else the one `check --quick --update` recorded."""
+    if given:
+        return git(["rev-parse", "--verify", f"{given}^{{commit}}"], root)
+    path = root / cfg.quick.base_file
+    try:
+        commit = json.loads(path.read_text(encoding="utf-8"))["commit"]
+    except FileNotFoundError:
+        raise SpecbenchError(f"no base commit recorded in {path}; run `check --quick --update` on a clean "
+                             "checkout, or pass --base REV") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecbenchError(f"{path} does not name a base commit ({exc}); write it again with "
+                             "`check --quick --update`") from None
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True,
+                           check=False).returncode == 0
+    if not known:  # a shallow clone: ask its origin for that one commit
+        subprocess.run(["git", "fetch", "--quiet", "--depth=1", "origin", commit], cwd=root, capture_output=True,
+                       check=False)
+    return git(["rev-parse", "--verify", f"{commit}^{{commit}}"], root)
+
+
+def record_base(cfg: DictConfig, root: Path) -> int:
+    """`check --quick --update`: the current commit becomes the base later changes are measured against."""
+    commit = git(["rev-parse", "HEAD"], root)
+    if git(["status", "--porcelain", "--untracked-files=no"], root):
+        raise SpecbenchError("the checkout has uncommitted changes; commit them first, since the base must be a "
+                             "commit that a worktree can check out")
+    path = root / cfg.quick.base_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"commit": commit, "recorded": time.strftime("%Y-%m-%d")}, indent=2) + "\n",
+                    encoding="utf-8")
+    print(f"base commit {commit[:12]} recorded in {path}; commit that file so CI measures changes against it")
+    return 0
+
+
+def job_runs(out_dir: Path) -> dict[str, Run]:
+    """The first run of each method of a quick job (one dataset, model and temperature)."""
+    runs: dict[str, Run] = {}
+    for group in group_runs(load_runs(out_dir)):
+        for name, method_runs in group.methods.items():
+            runs.setdefault(name, method_runs[0])
+    return runs
+
+
+def mean_accepted(run: Run) -> float:
+    steps = [a for r in run.records for a in r["choices"][0].get("accept_lengths") or []]
+    return sum(steps) / len(steps) if steps else math.nan
+
+
+def paired_verdicts(base: dict[str, Run], change: dict[str, Run], gate: DictConfig,
+                    names: dict[str, str] | None = None, methods_gated: int | None = None,
+                    ) -> tuple[list[list[str]], bool]:
+    """Per method: the paired speed shift and #mean accepted, change against base. `names` maps a
+    change method to the base method it stands for; `methods_gated` sets how many methods share the
+    false-alarm rate (default: those compared here; the power benchmark gives CI's count)."""
+    names = names or {m: m for m in change if m != BASELINE}
+    gated = [m for m in names if m in change and names[m] in base]
+    # Bonferroni: the chance that any of the methods is flagged on unchanged code is at most alpha
+    alpha = float(gate.alpha) / max(methods_gated or len(gated), 1)
+    rows, regressed = [], False
+    for method in sorted(names):
+        if method not in gated:
+            rows.append([method, "-", "-", "-", "-", "-", "-", "new: no base to compare" if method in change
+                         else "MISSING"])
+            regressed |= method not in change
+            continue
+        old_run, new_run = base[names[method]], change[method]
+        shift = paired.paired_shift(paired.log_ratios(old_run, base[BASELINE]),
+                                    paired.log_ratios(new_run, change[BASELINE]))
+        same = (old_run.meta or {}).get("target_weights") == (new_run.meta or {}).get("target_weights")
+        old_acc, new_acc = mean_accepted(old_run), mean_accepted(new_run)
+        acc_bad = same and new_acc < old_acc - 1e-9
+        acc = f"{old_acc:.3f} -> {new_acc:.3f}" + ("" if same else " (other weights)")
+        if shift is None:
+            rows.append([method, "0", "-", "-", "-", "-", acc, "REGRESSED (acceptance)" if acc_bad else "too few"])
+            regressed |= acc_bad
+            continue
+        slow = paired.is_regression(shift, alpha, float(gate.min_slowdown))
+        verdict = "REGRESSED" if slow or acc_bad else "ok"
+        if acc_bad:
+            verdict += " (acceptance)"
+        rows.append([method, str(shift.units), f"{shift.slowdown:+.1%}", f"[{shift.low:+.1%}, {shift.high:+.1%}]",
+                     f"{shift.p_value:.4f}", f"{shift.spread:.3f}", acc, verdict])
+        regressed |= slow or acc_bad
+    return rows, regressed
+
+
+PAIRED_HEADER = ["Method", "Units", "Slowdown", "95% interval", "p (one-sided)", "sd(d)", "#mean accepted",
+                 "Verdict"]
+
+
+def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int:
+    """`check --quick`: the quick suite at the base commit and at the change, in turn, compared paired."""
+    root = Path(git(["rev-parse", "--show-toplevel"], Path.cwd()))
+    commit = base_commit(cfg, root, base_rev)
+    head = git(["rev-parse", "HEAD"], root)
+    dirty = bool(git(["status", "--porcelain", "--untracked-files=no"], root))
+    methods = quick_methods(cfg)
+    overrides = list(cfg.quick.overrides)
+    with tempfile.TemporaryDirectory(prefix="specbench-check-") as tmp:
+        work = keep or Path(tmp)
+        tree = Path(tmp) / "base-tree"
+        git(["worktree", "add", "--detach", "--force", str(tree), commit], root)
+        try:
+            base_methods = set(subprocess.run(
+                [sys.executable, "-m", "specbench", "methods", "--names", "--suite", str(cfg.quick.suite)],
+                cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                check=False).stdout.split(","))
+            shared = [m for m in methods if m in base_methods] or methods
+            seconds = run_job(job_command(shared, work / "base", overrides), tree, f"base {commit[:12]}")
+        finally:
+            git(["worktree", "remove", "--force", str(tree)], root)
+        seconds += run_job(job_command(methods, work / "change", overrides), root,
+                           f"change {head[:12]}{' + uncommitted changes' if dirty else ''}")
+        base, change = job_runs(work / "base"), job_runs(work / "change")
+        status = 0
+        for group in [report.analyse(g) for g in group_runs(load_runs(work / "change"))]:
+            for problem in gate_problems(group):
+                print(f"FAILED: {group.title}: {problem}")
+                status = 1
+        rows, regressed = paired_verdicts(base, change, cfg.quick.gate)
+    print(f"\nchange {head[:12]}{' (+ uncommitted)' if dirty else ''} against base {commit[:12]}, paired per "
+          f"(question, turn) on this machine ({seconds / 60:.1f} min for both jobs)\n")
+    print(markdown(PAIRED_HEADER, rows))
+    print(f"\nSlowdown: the trimmed mean over units of the change's (method / baseline) time per token over the "
+          f"base's, minus 1; a regression when p < {cfg.quick.gate.alpha:g} / methods and the slowdown is at least "
+          f"{cfg.quick.gate.min_slowdown:.0%}. #mean accepted must not drop where the weights are the same.")
+    print(f"\n{'REGRESSION' if regressed else 'no regression'}: change against base {commit[:12]}")
+    return status | int(regressed)
 
 
 def gate_problems(group: report.Group) -> list[str]:
@@ -223,18 +390,22 @@ def check_main(args: list[str]) -> int:
     parser = ArgumentParser(prog="python -m specbench check", description=__doc__.splitlines()[0])
     parser.add_argument("--results", help="answer files to check (default: check.yaml's results_dir)")
     parser.add_argument("--reference", help="reference folder (default: check.yaml's reference_dir)")
-    parser.add_argument("--update", action="store_true", help="write the reference from these results")
-    parser.add_argument("--quick", action="store_true", help="run a small slice of the embedded default first")
+    parser.add_argument("--update", action="store_true",
+                        help="write the reference from these results (with --quick: record HEAD as the base commit)")
+    parser.add_argument("--quick", action="store_true",
+                        help="run the quick suite at the base commit and at this checkout, in turn, and compare them")
+    parser.add_argument("--base", metavar="REV", help="with --quick: the commit to compare with (default: "
+                        "the one recorded in check.yaml's quick.base_file)")
+    parser.add_argument("--keep", metavar="DIR", help="with --quick: keep both jobs' answers under DIR")
     parser.add_argument("--allow-missing", action="store_true",
                         help="a group without a reference passes (by default it fails: a gate must not pass unset)")
-    parser.add_argument("overrides", nargs="*", help="check.yaml overrides, e.g. tolerance.speedup_rel_min=0.2")
+    parser.add_argument("overrides", nargs="*", help="check.yaml overrides, e.g. quick.gate.min_slowdown=0.1")
     opts = parser.parse_args(args)
     cfg = load_check_config(opts.overrides)
-    ref_dir = Path(opts.reference or cfg.reference_dir)
     if opts.quick:
-        cfg.tolerance = OmegaConf.merge(cfg.tolerance, cfg.quick.get("tolerance") or {})
-        with tempfile.TemporaryDirectory(prefix="specbench-check-") as tmp:
-            run_quick(cfg, Path(tmp))
-            return check(Path(tmp), ref_dir, cfg, update=opts.update, quick=True, allow_missing=opts.allow_missing)
+        if opts.update:
+            return record_base(cfg, Path(git(["rev-parse", "--show-toplevel"], Path.cwd())))
+        return paired_gate(cfg, opts.base, Path(opts.keep).absolute() if opts.keep else None)
+    ref_dir = Path(opts.reference or cfg.reference_dir)
     return check(Path(opts.results or cfg.results_dir), ref_dir, cfg, update=opts.update, quick=False,
                  allow_missing=opts.allow_missing)

@@ -12,7 +12,7 @@ import pandas as pd
 from specbench.analysis.audit import RECHECK_VERDICTS, STREAM_PARTS
 from specbench.analysis.batching import BatchPoint, batch_points
 from specbench.analysis.frame import OVERALL
-from specbench.analysis.report import BASELINE, Group, MethodResult, budget_pairs, contention_note
+from specbench.analysis.report import BASELINE, Group, MethodResult, budget_pairs, contention_note, schedule_note
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
 from specbench.core.table import markdown
@@ -92,10 +92,12 @@ def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
 CONTENDED = "†"
 
 
-def contention_footnote(group: Group) -> list[str]:
-    """The line under a table whose rows carry the contention mark (none when no run was contended)."""
+def timing_footnote(group: Group) -> list[str]:
+    """The lines under a speed table: how it was timed (paired or not), and the contention mark's
+    meaning when a row carries it."""
+    lines = [note] if (note := schedule_note(group)) else []
     note = contention_note(group)
-    return [f"{CONTENDED} {note[0].upper()}{note[1:]}."] if note else []
+    return lines + ([f"{CONTENDED} {note[0].upper()}{note[1:]}."] if note else [])
 
 
 def _bytes(n: int | None) -> str:
@@ -339,7 +341,7 @@ def render_markdown(group: Group) -> str:
         f"{questions} questions, {runs} run(s). {environment_line(group)}",
         "",
         markdown(*main_table(group)),
-        *[line for note in contention_footnote(group) for line in ("", note)],
+        *[line for note in timing_footnote(group) for line in ("", note)],
         "",
         "## Details",
         "",
@@ -398,7 +400,7 @@ def write_group(group: Group, out_dir: Path) -> list[Path]:
 
 
 def console(group: Group) -> str:
-    footnote = "".join(f"\n{line}\n" for line in contention_footnote(group))
+    footnote = "".join(f"\n{line}\n" for line in timing_footnote(group))
     if (budgets := budget_table(group)) is not None:
         footnote += f"\nDraft budgets, auto against fixed:\n\n{markdown(*budgets)}\n"
     if (stream := stream_table(group)) is not None:
@@ -432,7 +434,7 @@ def build(
             from specbench.presentation import page
 
             tables = page.Tables(main_table, detail_table, environment_line, stem, DEFINITIONS,
-                                 contention_footnote, memory_footnote)
+                                 timing_footnote, memory_footnote)
             written.append(page.write(groups, out_dir, tables, figures=written))
     except OSError as exc:
         raise SpecbenchError(f"cannot write the leaderboard to {out_dir} ({exc.strerror or exc}"

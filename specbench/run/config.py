@@ -107,6 +107,9 @@ def selected_subtasks(task_cfg: DictConfig | None) -> list[str]:
     return [s for s in SUBTASKS if task_cfg and task_cfg.get(s)]
 
 
+#: `schedule`: how a job's method runs share the machine's time
+INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"
+SCHEDULES = (INTERLEAVED, SEQUENTIAL)
 #: the run-wide `budget=both`: every method with a draft budget runs as `auto` and `fixed`, in turn
 BOTH = "both"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -155,6 +158,8 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.get("budget") not in (None, *BUDGET_MODES, BOTH):
         fail(f"budget must be one of {', '.join(BUDGET_MODES)}, {BOTH} (the two in turn, question by question) or "
              f"null (each method's own), got {cfg.budget!r}")
+    if cfg.get("schedule", INTERLEAVED) not in SCHEDULES:
+        fail(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
     lanes = cfg.get("interleave") or []
     if not isinstance(lanes, (list, ListConfig)) or not all(isinstance(x, str) and x for x in lanes):
         fail(f"interleave must be a list of method names, e.g. interleave=[sps,pld], got {lanes!r}")

@@ -246,43 +246,98 @@ def _status_kib(key: str) -> int | None:
 
 
 class MemoryProbe:
-    """Peak memory of one phase: the CUDA allocator's peak (reset at the start) on a GPU; on CPU the
-    peak resident set (VmHWM, reset through /proc/self/clear_refs), else the process's lifetime
-    peak (ru_maxrss), which may come from an earlier phase."""
+    """Memory of one phase and of each method run in it.
+
+    The phase's peak: the CUDA allocator's peak on a GPU; on CPU the peak resident set (VmHWM, reset
+    through /proc/self/clear_refs), else the process's lifetime peak (ru_maxrss). Each method run's
+    own peak, in a phase where several take turns with every one's drafter loaded: the memory
+    outside every method's own (the phase's start, less what each method holds resident) + what
+    this method holds resident (its growth when built: draft model, heads, datastore) + the largest
+    transient peak over its own answers (the peak reset before each)."""
+
+    PER_RUN = ("per method run: the phase's memory outside every method's own (its start less each method's "
+               "resident bytes) + this method's resident bytes (its growth when built, at least its drafter's "
+               "weights) + its largest transient peak over its own answers")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.start_bytes: int | None = None
         self.how = ""
+        self.phase_peak = 0
+        self.resettable = False
 
-    def start(self) -> None:
+    def current(self) -> int | None:
+        """The memory held now: allocated CUDA memory, or the process's resident set."""
+        if self.device.type == "cuda":
+            return torch.cuda.memory_allocated(self.device)
+        return _status_kib("VmRSS")
+
+    def _reset_peak(self) -> bool:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.start_bytes = torch.cuda.memory_allocated(self.device)
-            self.how = "torch.cuda.max_memory_allocated over the phase (allocator peak; CUDA context not included)"
-            return
-        self.start_bytes = _status_kib("VmRSS")
+            return True
         try:
             with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
                 fh.write("5")  # 5: reset the peak resident set size to the current one
-            self.how = "peak resident set of the process over the phase (VmHWM, reset at its start)"
         except OSError:
+            return False
+        return True
+
+    def _peak(self) -> int | None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device)
+        return _status_kib("VmHWM") if self.resettable else None
+
+    def start(self) -> None:
+        self.start_bytes = self.current()
+        self.resettable = self._reset_peak()
+        self.phase_peak = self.start_bytes or 0
+        if self.device.type == "cuda":
+            self.how = "torch.cuda.max_memory_allocated over the phase (allocator peak; CUDA context not included)"
+        elif self.resettable:
+            self.how = "peak resident set of the process over the phase (VmHWM, reset at its start)"
+        else:
             self.how = ("peak resident set of the process since it started (ru_maxrss): may come from an earlier "
                         "phase of the same process")
 
+    def call_start(self) -> int | None:
+        """Before one timed call of a method run: the peak reset; the memory held now (None where
+        the peak cannot be reset)."""
+        if not self.resettable:
+            return None
+        self.phase_peak = max(self.phase_peak, self._peak() or 0)  # what the peak held until now
+        self._reset_peak()
+        return self.current()
+
+    def call_end(self, before: int | None) -> int | None:
+        """After the call: how far its peak rose above the memory held before it."""
+        if before is None or (peak := self._peak()) is None:
+            return None
+        self.phase_peak = max(self.phase_peak, peak)
+        return max(peak - before, 0)
+
     def stop(self) -> dict[str, Any]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-            extra = {"peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)}
+        if self.device.type == "cuda" or self.resettable:
+            peak = max(self.phase_peak, self._peak() or 0)
         else:
-            peak = _status_kib("VmHWM") if self.how.startswith("peak resident set of the process over") else None
-            if peak is None:
-                scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-            extra = {}
+            scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+        cuda = self.device.type == "cuda"
+        extra = {"peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)} if cuda else {}
         return {"peak_bytes": peak, "start_bytes": self.start_bytes, "measured_by": self.how, **extra}
+
+    def per_run(self, phase: dict[str, Any], resident: dict[str, int], name: str,
+                working: int | None) -> dict[str, Any]:
+        """Method run `name`'s own peak in the phase (`resident`: every run's resident bytes)."""
+        out = {**phase, "phase_peak_bytes": phase["peak_bytes"]}
+        if working is None or self.start_bytes is None:
+            return out  # the phase's peak stands for every run of it
+        shared = max(self.start_bytes - sum(resident.values()), 0)
+        out.update(peak_bytes=shared + resident.get(name, 0) + working, resident_bytes=resident.get(name, 0),
+                   working_bytes=working, measured_by=f"{self.how}; {self.PER_RUN}")
+        return out
 
 
 def drafter_memory(method: Method, target: LoadedModel) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from specbench.engine.batch import batch_problem
 from specbench.engine.budget import BUDGET_MODES
 from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
-from specbench.run.config import BOTH, check_values, compose_method, selected_subtasks
+from specbench.run.config import BOTH, SEQUENTIAL, check_values, compose_method, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
 from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
@@ -120,6 +120,14 @@ class Outcome:
     first_error: str = ""
 
 
+#: what `budget=auto` learns, and from what (engine.loop, engine.budget)
+BUDGET_LEARNS = ("the cost curve (target forward time against rows verified) is measured once per device, model, "
+                 "dtype and batch size and cached; the acceptance model (how often a node of each depth and rank, "
+                 "at each draft confidence, is accepted) starts empty at the run's start, learns from every verdict "
+                 "of the warm-up passes and the questions in order, and is kept across questions; each method run "
+                 "has its own, so other methods in the job do not change it")
+
+
 @dataclass
 class Lane:
     """One method run being answered: its folder, what is left to answer, what it has done."""
@@ -134,6 +142,30 @@ class Lane:
     outcome: Outcome
     tokens: float = 0.0
     seconds: float = 0.0
+    working: int | None = None  # the largest transient memory peak over its own calls (None: not measured)
+    steps: int = 0  # decoding steps with a draft, and the nodes verified / proposed over them (the budget's record)
+    verified: int = 0
+    proposed: int = 0
+    budgeted: int = 0  # steps whose verified nodes the draft budget chose (budget=auto)
+
+    def count_budget(self, record: dict[str, Any]) -> None:
+        for stats in record[EXTRA_KEY].get("stats") or []:
+            if not isinstance(stats, dict) or "draft_lengths" not in stats:
+                continue
+            self.steps += len(stats["draft_lengths"])
+            self.verified += sum(stats["draft_lengths"])
+            if stats.get("proposed_lengths"):
+                self.budgeted += len(stats["proposed_lengths"])
+                self.proposed += sum(stats["proposed_lengths"])
+
+    def budget_record(self) -> dict[str, Any]:
+        """What the draft budget did in this part of the run (meta `budget`)."""
+        mode = self.meta["identity"]["method"].get("budget")  # the lane's own (the run-wide budget= applied)
+        out: dict[str, Any] = {"mode": mode, "steps": self.steps,
+                               "mean_verified_nodes": self.verified / self.steps if self.steps else None}
+        if self.budgeted:
+            out.update(mean_proposed_nodes=self.proposed / self.budgeted, learned=BUDGET_LEARNS)
+        return out
 
     def rate(self) -> str:
         return f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds else "-"
@@ -178,6 +210,8 @@ class Session:
         self.interrupted: Callable[[], bool] = lambda: False  # `run` sets the Ctrl-C flag
         self.outcomes: list[Outcome] = []
         self.labels: list[str] = []  # the method runs' names, as filed (<name>-fixed under budget=fixed)
+        self.memory = MemoryProbe(device)
+        self.resident: dict[str, int] = {}  # the loaded method runs' resident bytes (their growth when built)
 
     def run_dir(self, method_name: str, run: int) -> Path:
         c = self.cfg
@@ -193,7 +227,14 @@ class Session:
         for method_cfg in method_cfgs:
             both = self.cfg.get("budget") == BOTH and "budget" in method_cfg
             cfgs += [with_run_budget(method_cfg, b) for b in (BUDGET_MODES if both else (self.cfg.get("budget"),))]
-        methods = [build_method(c, self.target, self.cfg.model) for c in cfgs]
+        methods, self.resident = [], {}
+        for c in cfgs:  # each method's resident memory: what building it added (drafter, heads, datastore)
+            before = self.memory.current()
+            methods.append(build_method(c, self.target, self.cfg.model))
+            after = self.memory.current()
+            weights = drafter_memory(methods[-1], self.target)["weights_bytes"]
+            grew = after - before if after is not None and before is not None else 0
+            self.resident[method_label(c)] = max(grew, weights)
         self.labels.extend(method_label(c) for c in cfgs)
         for method, c in zip(methods, cfgs, strict=True):
             if self.batch_size > 1 and method.batch_problem is not None:
@@ -243,11 +284,15 @@ class Session:
         lanes = [lane for plan in plans if (lane := self.open_lane(*plan)) is not None]
         if not lanes:
             return
+        phase = {"schedule": str(self.cfg.get("schedule") or "interleaved"), "id": uuid.uuid4().hex[:12],
+                 "lanes": [lane.name for lane in lanes]}  # the method runs timed in turn with this one
+        for lane in lanes:
+            lane.meta["phase"] = phase
         for lane in lanes:
             lane.method.reset()
         if self.interrupted():
             raise self.interruption(*[lane.outcome for lane in lanes])
-        memory = MemoryProbe(self.target.device)  # one phase: interleaved lanes share its peak
+        memory = self.memory
         memory.start()
         for lane in lanes:
             for _ in range(int(self.cfg.warmup)):
@@ -269,7 +314,7 @@ class Session:
                 for lane in lanes:
                     self.write_measurements(lane, before, during, peak, failing=True)
             raise
-        during, peak = self.guard.stop(), memory.stop()  # the phase's, once: every lane shares them
+        during, peak = self.guard.stop(), memory.stop()  # the phase's, once; each lane's own peak from it
         for lane in lanes:
             self.write_measurements(lane, before, during, peak)
 
@@ -284,14 +329,14 @@ class Session:
         meta, label = lane.meta, lane.outcome.label
         try:
             contention = self.guard.summary(before, during)
-            measured = dict(peak)  # `resumed` raises it to an earlier part's peak, per lane
+            measured = self.memory.per_run(peak, self.resident, lane.name, lane.working)
             resumed(contention, measured, lane.previous)
             measured["drafter"] = drafter_memory(lane.method, self.target)
         except Exception:  # noqa: BLE001 - e.g. a broken CUDA context: the run's own error tells more
             if failing:
                 return
             raise
-        meta.update(contention=contention, memory=measured, finished=time.time())
+        meta.update(contention=contention, memory=measured, budget=lane.budget_record(), finished=time.time())
         if contention["flagged"]:
             why = "; ".join(contention["reasons"]) or "an earlier part of this resumed run was"
             print(f"warning: {label}: measured under contention: {why} (threshold {contention['threshold']:g} "
@@ -365,11 +410,14 @@ class Session:
     def answer_group(self, lane: Lane, group: list[data.Question], writer: AnswerWriter) -> None:
         """One timed call of a lane (a question, or a batch) written, or its failure recorded."""
         outcome = lane.outcome
+        held = self.memory.call_start()
         try:
             if self.batch_size > 1:
                 records = self.answer_batch(lane.method, group, group[0].question_id)
             else:
                 records = [self.answer(lane.method, group[0])]
+            if (rose := self.memory.call_end(held)) is not None:
+                lane.working = max(lane.working or 0, rose)
         except Exception as exc:  # noqa: BLE001 - any failure of one question (batch) is recorded
             if self.cfg.on_error == "raise":
                 raise
@@ -382,6 +430,7 @@ class Session:
             record.update(model_id=self.cfg.model.name, answer_id=uuid.uuid4().hex, tstamp=time.time())
             record[EXTRA_KEY].update(method=lane.name, run=lane.run)
             writer.write(record)
+            lane.count_budget(record)
             outcome.written += 1
             lane.tokens += sum(record["choices"][0]["new_tokens"])
             lane.seconds += sum(record["choices"][0]["wall_time"])
@@ -588,9 +637,10 @@ def with_run_budget(method_cfg: DictConfig, budget: str | None) -> DictConfig:
 
 
 def run(cfg: DictConfig) -> Session:
-    """`python -m specbench run`: the baseline first (unless baseline=false), then the method; with
-    `interleave=[...]`, the baseline, the method and those methods all in turn, question by question.
-    One Ctrl-C ends the run at the next question boundary, whichever phase it falls in."""
+    """`python -m specbench run`: the baseline (unless baseline=false), the method and the methods of
+    `interleave=[...]`, all in turn question by question (`schedule=interleaved`, the default), or
+    one after another, the baseline first (`schedule=sequential`). One Ctrl-C ends the run at the next
+    question boundary, whichever phase it falls in."""
     session = Session(cfg)
     plan = [cfg.method]
     for name in cfg.get("interleave") or []:
@@ -600,9 +650,9 @@ def run(cfg: DictConfig) -> Session:
         plan.insert(0, OmegaConf.load(CONFIG_DIR / "method" / "baseline.yaml"))
     with interrupt_flag() as interrupted:
         session.interrupted = interrupted
-        if cfg.get("interleave"):
-            session.run_methods(plan)  # one phase: every method in turn, question by question
-        else:
+        if cfg.get("schedule") == SEQUENTIAL:
             for method_cfg in plan:
                 session.run_methods([method_cfg])
+        else:
+            session.run_methods(plan)  # one phase: every method in turn, question by question
     return session
