@@ -271,7 +271,7 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
             base_methods = set(subprocess.run(
                 [sys.executable, "-m", "specbench", "methods", "--names", "--suite", str(cfg.quick.suite)],
                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
-                check=False).stdout.split(","))
+                check=False).stdout.strip().split(","))
             shared = [m for m in methods if m in base_methods] or methods
             seconds = run_job(job_command(shared, work / "base", overrides), tree, f"base {commit[:12]}")
         finally:
