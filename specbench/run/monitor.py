@@ -257,7 +257,8 @@ class MemoryProbe:
 
     PER_RUN = ("per method run: the phase's memory outside every method's own (its start less each method's "
                "resident bytes) + this method's resident bytes (its growth when built, at least its drafter's "
-               "weights) + its largest transient peak over its own answers")
+               "weights) + its largest transient peak over its own answers (freed memory is reused, so a transient "
+               "counts for whichever run first needs it)")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
