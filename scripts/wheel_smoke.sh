@@ -115,7 +115,7 @@ tok.save_pretrained("tiny")
 print("saved ./tiny")
 PYEOF
 
-step "specbench run model=local model.path=./tiny method=pld (the baseline runs first)"
+step "specbench run model=local model.path=./tiny method=pld (the baseline in turn with it)"
 specbench run model=local model.path=./tiny method=pld dataset=synthetic task=qa limit=2 max_new_tokens=16 \
     warmup=0 progress=false
 ANSWERS=$(find results/answers -name answers.jsonl | sort)
