@@ -36,7 +36,7 @@ def output_ids(out, method):
 
 @pytest.fixture(scope="module")
 def bigram_run(tiny_models, tmp_path_factory):
-    """`specbench run method=bigram` (the baseline runs first) from a folder with methods/ in it."""
+    """`specbench run method=bigram` (the baseline in turn with it) from a folder with methods/ in it."""
     cwd = tmp_path_factory.mktemp("user")
     copy_methods(cwd)
     questions = write_questions(cwd / "q.jsonl", per_category=1)
