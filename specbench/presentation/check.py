@@ -136,7 +136,7 @@ def quick_methods(cfg: DictConfig) -> list[str]:
 def job_command(methods: list[str], out_dir: Path, overrides: list[str]) -> list[str]:
     """`specbench run`: the baseline and `methods` in turn, question by question, in one job."""
     return [sys.executable, "-m", "specbench", "run", "method=baseline", f"interleave=[{','.join(methods)}]",
-            f"output_dir={out_dir}", *overrides]
+            f"output_dir={out_dir}", *overrides, "overwrite=true"]  # measured now, never resumed from old answers
 
 
 def run_job(command: list[str], cwd: Path, what: str) -> float:
@@ -151,9 +151,12 @@ def run_job(command: list[str], cwd: Path, what: str) -> float:
     return time.perf_counter() - started
 
 
-def run_quick(cfg: DictConfig, out_dir: Path, cwd: Path | None = None) -> None:
-    """Run the quick suite on the embedded default into `out_dir`, as one interleaved job."""
-    run_job(job_command(quick_methods(cfg), out_dir, list(cfg.quick.overrides)), cwd or Path.cwd(), "quick suite")
+def run_quick(cfg: DictConfig, out_dir: Path, cwd: Path | None = None, methods: list[str] | None = None,
+              what: str = "quick suite") -> float:
+    """Run the quick suite (or `methods` of it) on the embedded default into `out_dir`, as one
+    interleaved job with the code of the tree `cwd`; its seconds."""
+    return run_job(job_command(methods or quick_methods(cfg), out_dir, list(cfg.quick.overrides)),
+                   cwd or Path.cwd(), what)
 
 
 def git(args: list[str], cwd: Path) -> str:
@@ -262,7 +265,6 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
     head = git(["rev-parse", "HEAD"], root)
     dirty = bool(git(["status", "--porcelain", "--untracked-files=no"], root))
     methods = quick_methods(cfg)
-    overrides = list(cfg.quick.overrides)
     with tempfile.TemporaryDirectory(prefix="specbench-check-") as tmp:
         work = keep or Path(tmp)
         tree = Path(tmp) / "base-tree"
@@ -273,11 +275,11 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                 check=False).stdout.strip().split(","))
             shared = [m for m in methods if m in base_methods] or methods
-            seconds = run_job(job_command(shared, work / "base", overrides), tree, f"base {commit[:12]}")
+            seconds = run_quick(cfg, work / "base", tree, shared, f"base {commit[:12]}")
         finally:
             git(["worktree", "remove", "--force", str(tree)], root)
-        seconds += run_job(job_command(methods, work / "change", overrides), root,
-                           f"change {head[:12]}{' + uncommitted changes' if dirty else ''}")
+        seconds += run_quick(cfg, work / "change", root, methods,
+                             f"change {head[:12]}{' + uncommitted changes' if dirty else ''}")
         base, change = job_runs(work / "base"), job_runs(work / "change")
         status = 0
         for group in [report.analyse(g) for g in group_runs(load_runs(work / "change"))]:

@@ -265,6 +265,7 @@ class MemoryProbe:
         self.start_bytes: int | None = None
         self.how = ""
         self.phase_peak = 0
+        self.phase_reserved = 0  # CUDA: the allocator's reserved peak over the phase (kept across per-call resets)
         self.resettable = False
 
     def current(self) -> int | None:
@@ -276,6 +277,7 @@ class MemoryProbe:
     def _reset_peak(self) -> bool:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            self.phase_reserved = max(self.phase_reserved, torch.cuda.max_memory_reserved(self.device))
             torch.cuda.reset_peak_memory_stats(self.device)
             return True
         try:
@@ -294,6 +296,7 @@ class MemoryProbe:
     def start(self) -> None:
         self.start_bytes = self.current()
         self.resettable = self._reset_peak()
+        self.phase_reserved = 0
         self.phase_peak = self.start_bytes or 0
         if self.device.type == "cuda":
             self.how = "torch.cuda.max_memory_allocated over the phase (allocator peak; CUDA context not included)"
@@ -326,7 +329,8 @@ class MemoryProbe:
             scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
         cuda = self.device.type == "cuda"
-        extra = {"peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)} if cuda else {}
+        extra = {"peak_reserved_bytes": max(self.phase_reserved, torch.cuda.max_memory_reserved(self.device))} \
+            if cuda else {}
         return {"peak_bytes": peak, "start_bytes": self.start_bytes, "measured_by": self.how, **extra}
 
     def per_run(self, phase: dict[str, Any], resident: dict[str, int], name: str,
