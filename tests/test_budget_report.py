@@ -157,3 +157,27 @@ def test_budget_table_in_markdown_and_console(budget_answers, tmp_path):
     assert "Draft budgets, auto against fixed:" in done.out
     console = table(done.out, "Draft budgets, auto against fixed:")
     assert [r["auto >= fixed"] for r in console.values()] == ["yes", "within noise", "NO"]
+
+
+def test_the_main_table_ranks_presets_with_auto_beside(budget_answers, tmp_path):
+    """`report --beside`: a main folder of presets (X-fixed) gets each X's auto speedup from the budget job."""
+    main = tmp_path / "main"
+    write_baseline(main)
+    budget_run(main, "sps-fixed", [30] * 6, nodes=4)  # 3.00x here; auto is 2.10x in the budget job
+    budget_run(main, "pld-fixed", [12] * 6, nodes=4)
+    budget_run(main, "medusa-fixed", [11] * 6, nodes=4)  # not in the budget job: "-"
+    done = cli("report", str(main), "--out", str(tmp_path / "lb"), "--no-figures", "--beside", str(budget_answers),
+               cwd=tmp_path)
+    assert done.code == 0, done
+    md = (tmp_path / "lb" / "synthetic-tiny.md").read_text()
+    rows = table("\n" + md[md.index("| Method"):], "\n")  # the first table: the main one
+    assert list(rows) == ["sps-fixed", "pld-fixed", "medusa-fixed", "baseline"]  # ranked on the presets
+    assert rows["sps-fixed"]["Overall"] == "3.00x"
+    assert rows["sps-fixed"]["Overall, budget=auto"] == "2.10x (2.00)"
+    assert rows["pld-fixed"]["Overall, budget=auto"] == "1.50x (2.00)"
+    assert rows["medusa-fixed"]["Overall, budget=auto"] == rows["baseline"]["Overall, budget=auto"] == "-"
+    assert "Overall, budget=auto: the method with its draft budget on" in md and "(6 questions;" in md
+    assert cli("report", str(main), "--out", str(tmp_path / "lb2"), "--no-figures", cwd=tmp_path).code == 0
+    assert "budget=auto" not in (tmp_path / "lb2" / "synthetic-tiny.md").read_text().split("## Details")[0]
+    empty = cli("report", str(main), "--out", str(tmp_path / "lb3"), "--beside", str(tmp_path / "none"), cwd=tmp_path)
+    assert empty.code != 0 and "--beside" in empty.err and "no answer files" in empty.err, empty

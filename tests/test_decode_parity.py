@@ -1,14 +1,23 @@
-"""One result whatever the path: every built-in method on the zoo, greedy, at batch size 1 through
-the plain decode loop and through the batched loop with one slot, gives the same tokens, the same
-accepted length at every step and the same number of steps (budget=fixed: the presets, whose
-choices do not follow measured timings)."""
+"""One result whatever the path: every built-in method on the zoo, greedy, at batch size 1 gives the
+same tokens, the same accepted length at every step and the same number of steps
+
+- in process, through `decode` (one row on its own cache) and through `generate_batch` with one slot
+  (the batched forward on a shared cache): both are the engine's one step (engine.decode), with
+  another forward;
+- through the CLI, each method timed alone (`schedule=sequential`, one phase per method: a plain run)
+  and all of them in one interleaved job with the baseline (`run batch_size=1` is that same decode).
+
+budget=fixed: the presets, whose choices do not follow measured timings."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from helpers import cli
 from specbench.core.prompts import prompt_ids
 from specbench.core.resources import CONFIG_DIR
 from specbench.core.sampling import SamplingParams
@@ -60,3 +69,41 @@ def test_batch_size_one_is_the_plain_loop(zoo, name):
     for i, (one, other) in enumerate(zip(plain, batched, strict=True)):
         assert one.tokens == other.tokens, (name, i)
         assert one.accept_lengths == other.accept_lengths, (name, i, one.accept_lengths, other.accept_lengths)
+
+
+def answers_by_lane(out) -> dict[str, dict[int, tuple]]:
+    """Per answer folder (lane): question id -> (tokens, accepted lengths, steps per turn)."""
+    found = {}
+    for path in out.rglob("answers.jsonl"):
+        lane = path.parent.parent.parent.name
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        found[lane] = {r["question_id"]: (r["specbench"]["output_ids"], r["choices"][0]["accept_lengths"],
+                                          r["choices"][0]["decoding_steps"]) for r in rows}
+    return found
+
+
+def test_every_method_alone_and_interleaved_gives_the_same_answers(tmp_path):
+    """Every built-in in one interleaved job with the baseline, then each alone (sequential): per method
+    and question the same tokens, accepted lengths and steps, and every method's tokens are the
+    baseline's (greedy: lossless), except the one lossy option's."""
+    methods = ",".join(n for n in BUILTINS if n != "baseline")
+    jobs = {}
+    for schedule in ("interleaved", "sequential"):
+        out = tmp_path / schedule
+        done = cli("run", "method=baseline", f"interleave=[{methods}]", f"schedule={schedule}", "budget=fixed",
+                   "task=all", "limit=1", "max_new_tokens=24", "warmup=0", "progress=false",
+                   "contention_threshold=1000", f"output_dir={out}", cwd=tmp_path)
+        assert done.code == 0, done
+        jobs[schedule] = answers_by_lane(out)
+    interleaved, sequential = jobs["interleaved"], jobs["sequential"]
+    assert len(interleaved) == len(BUILTINS) and interleaved.keys() == sequential.keys(), sorted(interleaved)
+    baseline = {q: tokens for q, (tokens, _, _) in interleaved["baseline"].items()}
+    assert len(baseline) == 6
+    lossy = {f"{n}-fixed" for n in BUILTINS if str(compose_method(n).facts.verification).startswith("LOSSY")}
+    assert lossy == {"specdec_lossy-fixed"}, lossy  # the one lossy option, labelled so
+    for lane, answers in interleaved.items():
+        assert answers == sequential[lane], lane
+        if lane not in lossy:
+            assert {q: tokens for q, (tokens, _, _) in answers.items()} == baseline, lane
+        for tokens, accepted, steps in answers.values():
+            assert len(tokens) + sum(accepted) == sum(len(t) for t in tokens) and len(accepted) == sum(steps), lane

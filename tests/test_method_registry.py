@@ -213,3 +213,13 @@ def test_figure_colours_follow_the_registry(plugin_dir):
     assert after["zzz_mine"] == figures.PALETTE[len(builtins) - 1]  # after the built-ins but the baseline
     drawn = [m for m in builtins if m != "baseline"]
     assert len({figures.colour(m) for m in drawn}) == len(drawn)  # one colour each
+
+
+def test_the_temperature_sweep_has_every_leaderboard_method_that_samples():
+    """Figure 6 shows every method of the leaderboard that can sample (a greedy-only one says so in its facts)."""
+    found = registry.discover()
+    greedy_only = {n for n in found.names(source=registry.BUILTIN)
+                   if "greedy only" in str(found.spec(n).raw().get("facts", {}).get("defaults", ""))}
+    assert greedy_only == {"specdec_lossy"}, greedy_only
+    assert set(found.names(suite="sweep", source=registry.BUILTIN)) == set(
+        found.names(suite="leaderboard", source=registry.BUILTIN)) - greedy_only

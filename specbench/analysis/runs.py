@@ -52,6 +52,13 @@ class Group:
     frame: pd.DataFrame | None = None  # frame.tidy: one row per question x turn x method x run
     notes: list[str] = field(default_factory=list)  # caveats on sound numbers (measured under contention)
     speedups: pd.DataFrame | None = None  # frame.speedups: one row per method x subtask
+    #: `report --beside`: a <method>-fixed run's method with its draft budget on (budget=auto), from a job
+    #: of its own (report.MethodResult of that job, against that job's baseline)
+    beside: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, float, int]:
+        return self.dataset, self.model, self.temperature, self.batch
 
     @property
     def title(self) -> str:

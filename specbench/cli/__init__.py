@@ -115,6 +115,10 @@ def _report(args: list[str]) -> int:
                              "numerical, baseline off, or bug")
     parser.add_argument("--recheck-limit", type=int, metavar="N",
                         help="recheck at most N divergences (one float64 forward each; the rest say so)")
+    parser.add_argument("--beside", metavar="DIR",
+                        help="answers of a job that ran the methods with budget=auto and =fixed (make "
+                             "leaderboard-budget): each <method>-fixed row of the main table gets its auto speedup "
+                             "from there, beside it")
     opts = parser.parse_args(args)
     if opts.recheck_limit is not None and opts.recheck_limit < 0:
         raise SpecbenchError(f"--recheck-limit must be >= 0, got {opts.recheck_limit}")
@@ -133,7 +137,7 @@ def _report(args: list[str]) -> int:
     groups, written = leaderboard.build(
         Path(opts.results), Path(opts.out), upstream_model=opts.upstream_model, tie_margin=opts.tie_margin,
         upstream_tokenizer=tokenizer, figures=not opts.no_figures,
-        recheck=recheck, recheck_limit=opts.recheck_limit,
+        recheck=recheck, recheck_limit=opts.recheck_limit, beside=Path(opts.beside) if opts.beside else None,
     )
     for group in groups:
         if group.results:

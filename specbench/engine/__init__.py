@@ -5,7 +5,9 @@
 - `DraftTree` (tree.py): a drafter's proposal; a chain is a tree with one branch.
 - `verify`, `verify_greedy`, `verify_sampled` (verifier.py): pure, lossless verification rules.
 - `TargetScorer`, `keep_rows` (target.py): one target forward per step, KV cache compaction.
-- `SpeculativeMethod` (loop.py): the draft-then-verify loop methods share.
+- `Decoder`, `OneRow` (decode.py): the one draft-verify-accept step every decode runs (batch size 1,
+  batches through `BatchDecoder` in batch.py, the baseline with an empty draft).
+- `SpeculativeMethod` (loop.py): the method every drafter plugs into.
 - `Budget`, `BudgetPolicy` (budget.py): hardware-aware draft budgets (`method.budget=auto`).
 """
 

@@ -18,7 +18,7 @@ Padding changes the shapes of the target's matmuls, so greedy answers can differ
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,8 +26,9 @@ from transformers.cache_utils import DynamicLayer
 
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.timing import Timer
-from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Prefilled, Request, Requests
-from specbench.engine.budget import BudgetPolicy, StepClock
+from specbench.engine.api import DraftContext, Drafter, Prefilled, Request, Requests
+from specbench.engine.budget import BudgetPolicy
+from specbench.engine.decode import Decoder, Forward, Row, Scored, Verify
 from specbench.engine.target import probe_tree_attention, static_tree_problem, tree_attention_inputs
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict
@@ -145,21 +146,6 @@ def compact_rows(cache: Any, lengths: list[int], cached: int, kept: list[list[in
     return new
 
 
-@dataclass
-class RowState:
-    """One row's progress through the batch."""
-
-    request: Request
-    ctx: DraftContext
-    drafter: Drafter
-    accept_lengths: list[int] = field(default_factory=list)
-    stats: Any = None  # the method's per-call counters (loop.StepStats, or NoStats)
-    margins: list[float] | None = None  # the baseline's top-2 margins (greedy)
-
-
-Verify = Callable[[DraftTree, torch.Tensor, SamplingParams], Verdict]
-
-
 def merge_caches(cache: Any, extra: Any) -> None:
     """Append `extra`'s rows to `cache`'s batch (each layer's tensors padded with zeros to the
     longer length; the mask hides padding)."""
@@ -191,14 +177,46 @@ def place_row(cache: Any, slot: int, extra: Any, row: int, length: int) -> None:
         layer.values[slot, :, :length] = more.values[row, :, :length]
 
 
-class BatchDecoder:
-    """The shared batched loop: up to `slots` rows in flight, each with its own drafter.
+class Batched(Forward):
+    """The rows of a batch on one shared cache: each row's block (root, nodes, aux) padded to the
+    longest, with its own 4D mask and positions (`step_inputs`); the accepted entries gathered to
+    each row's length afterwards (`compact_rows`). Every tree takes the mask (`batch_problem`
+    refuses models that cannot)."""
 
-    Each step: every live row drafts, all rows are scored in one forward, each row is verified
-    on its own logits and keeps its cache entries. A row that stops is handed to
-    `requests.finished` and leaves the batch, and free slots take the next prompts waiting in
-    `requests` (prefilled together, then merged into the batch's cache): continuous batching.
-    A caller that queues every prompt at the start and no more gets a static batch.
+    def __init__(self, decoder: BatchDecoder) -> None:
+        self.owner = decoder
+        self.cached = 0
+
+    def past(self, i: int) -> int:
+        return self.owner.lengths[i]
+
+    def prepare(self, i: int, row: Row, tree: DraftTree) -> tuple[DraftTree, bool]:
+        return tree, not tree.layout.is_chain or tree.aux is not None
+
+    def score(self, rows: list[Row], trees: list[DraftTree], tree_modes: list[bool]) -> Scored:
+        owner = self.owner
+        target = owner.target
+        self.cached = owner.cache.get_seq_length()
+        ids, mask, positions = step_inputs(trees, [r.ctx.tokens[-1] for r in rows], owner.lengths, self.cached,
+                                           target.device, target.dtype)
+        out = target.model(input_ids=ids, cache=owner.cache, use_cache=True, attention_mask=mask,
+                           position_ids=positions, output_hidden_states=owner.hidden_states)
+        return Scored(out.logits, out.hidden_states if owner.hidden_states else None)
+
+    def keep(self, verdicts: list[Verdict]) -> None:
+        owner = self.owner
+        owner.lengths = compact_rows(owner.cache, owner.lengths, self.cached, [v.rows for v in verdicts])
+
+
+class BatchDecoder:
+    """Batches around the shared step: up to `slots` rows in flight, each with its own drafter.
+
+    Each step (`Decoder.step` with the `Batched` forward): every live row drafts, all rows are
+    scored in one forward, each row is verified on its own logits and keeps its cache entries. A
+    row that stops is handed to `requests.finished` and leaves the batch, and free slots take the
+    next prompts waiting in `requests` (prefilled together, then merged into the batch's cache):
+    continuous batching. A caller that queues every prompt at the start and no more gets a static
+    batch.
     """
 
     def __init__(
@@ -206,14 +224,14 @@ class BatchDecoder:
         timer: Timer, new_stats: Callable[[], Any], margins: Callable[[torch.Tensor], float] | None = None,
         context: int | None = None, hidden_states: bool = False, policy: BudgetPolicy | None = None,
     ) -> None:
-        self.target, self.new_drafter, self.verify, self.sampling = target, new_drafter, verify, sampling
-        self.timer, self.new_stats, self.margins, self.context = timer, new_stats, margins, context
+        self.target, self.new_drafter, self.sampling = target, new_drafter, sampling
+        self.timer, self.new_stats = timer, new_stats
         self.hidden_states = hidden_states
-        self.policy = policy  # the draft budget (budget=auto), shared by the rows; None: every node verified
-        self.clock = StepClock(target.device)
+        self.decoder = Decoder(verify, sampling, timer, target.device, policy, context, margins)
+        self.forward = Batched(self)
         self.cache: Any = None
         self.lengths: list[int] = []  # per batch row of the cache: entries that count
-        self.live: list[RowState | None] = []  # per batch row: None once it finished (a free slot)
+        self.live: list[Row | None] = []  # per batch row: None once it finished (a free slot)
 
     @torch.inference_mode()
     def run(self, requests: Requests, slots: int) -> None:
@@ -224,6 +242,7 @@ class BatchDecoder:
                 fresh.append(request)
             if fresh:
                 self.admit(fresh, requests)
+                self.decoder.drafting = None  # the prefill is no drafter's time
             self.drop_free()
             if self.live:
                 self.step(requests)
@@ -236,12 +255,13 @@ class BatchDecoder:
         free slots (finished rows' places in the cache) first, the rest join the batch."""
         with self.timer.section("prefill"):
             batch = prefill_batch(self.target, [r.input_ids for r in fresh], self.sampling, self.hidden_states)
+        margins = self.decoder.margins
         joining = []
         for b, (request, state) in enumerate(zip(fresh, batch.rows, strict=True)):
-            row = RowState(request, DraftContext(state.input_ids, list(state.tokens), self.sampling,
-                                                 self.target.device), self.new_drafter(), stats=self.new_stats())
-            if self.margins is not None and state.logits is not None:
-                row.margins = [self.margins(state.logits)]
+            row = Row(DraftContext(state.input_ids, list(state.tokens), self.sampling, self.target.device),
+                      self.new_drafter(), request.stop, self.new_stats(),
+                      [margins(state.logits)] if margins is not None and state.logits is not None else None,
+                      request)
             if request.stop.cut(row.ctx.tokens, 0) is not None:
                 self.finish(row, requests)
                 continue
@@ -284,89 +304,11 @@ class BatchDecoder:
 
     def step(self, requests: Requests) -> None:
         live = [row for row in self.live if row is not None]  # drop_free ran: none is None
-        lengths, cache, timer, sampling, policy = self.lengths, self.cache, self.timer, self.sampling, self.policy
-        trees, proposed, works = [], [], []
-        drafting = self.clock.now() if policy is not None else None
-        with timer.section("draft"):
-            for row, past in zip(live, lengths, strict=True):
-                ctx = row.ctx
-                ctx.max_depth = row.request.stop.max_new_tokens - len(ctx.tokens) - 1
-                ctx.budget = policy.budget() if policy is not None else None
-                tree = row.drafter.propose(ctx)
-                works.append(tree.n if tree.work is None else tree.work)
-                tree = tree.truncate(ctx.max_depth)
-                if self.context is not None and tree.span > self.context - past:
-                    tree = tree.select(list(range(tree.n))).truncate(self.context - past - 1)
-                proposed.append(tree.n)
-                if policy is not None:
-                    tree = policy.select(tree, past, works[-1])
-                trees.append(tree)
-        if policy is not None:
-            drafted = self.clock.now()
-            self.clock.span(drafting, drafted, policy.draft_seen(sum(works) / len(live), share=1 / len(live)))
-        with timer.section("verify"):
-            cached = cache.get_seq_length()
-            ids, mask, positions = step_inputs(trees, [r.ctx.tokens[-1] for r in live], lengths, cached,
-                                               self.target.device, self.target.dtype)
-            out = self.target.model(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask,
-                                    position_ids=positions, output_hidden_states=self.hidden_states)
-            verdicts = [self.verify(tree, out.logits[i, : tree.n + 1], sampling) for i, tree in enumerate(trees)]
-        lengths = compact_rows(cache, lengths, cached, [v.rows for v in verdicts])
-        if policy is not None:
-            self.clock.span(drafted, self.clock.now(),
-                            policy.verify_seen(max(t.rows for t in trees), sum(self.lengths) / len(live)))
-            for tree, verdict in zip(trees, verdicts, strict=True):
-                policy.observe(tree, verdict)
-        keep = []
-        for i, (row, tree, verdict) in enumerate(zip(live, trees, verdicts, strict=True)):
-            logits = out.logits[i]
-            tokens = row.ctx.tokens
-            start = len(tokens)
-            tokens.extend(verdict.tokens)
-            tokens.append(verdict.token)
-            if row.margins is not None and self.margins is not None:
-                row.margins.append(self.margins(logits[:1]))
-            row.stats.record(tree, verdict, not tree.layout.is_chain or tree.aux is not None,
-                             proposed[i] if policy is not None else None)
-            cut = row.request.stop.cut(tokens, start)
-            if cut is not None:
-                del tokens[cut:]
-                row.accept_lengths.append(cut - start)
+        self.decoder.step(live, self.forward)
+        for i, row in enumerate(live):
+            if row.done:
                 self.finish(row, requests)
-                continue
-            row.accept_lengths.append(len(tokens) - start)
-            row.ctx.step += 1
-            keep.append(i)
-            n = tree.n
-            with timer.section("draft"):
-                row.drafter.accepted(Feedback(
-                    tree, verdict, logits[: n + 1],
-                    tuple(h[i : i + 1, : tree.rows] for h in out.hidden_states) if self.hidden_states else None,
-                    logits[n + 1 : tree.rows] if tree.aux is not None else None,
-                ))
-        self.lengths = lengths
-        for i in set(range(len(live))) - set(keep):
-            self.live[i] = None  # its slot waits for the next prompt (or leaves in drop_free)
+                self.live[i] = None  # its slot waits for the next prompt (or leaves in drop_free)
 
-    def finish(self, row: RowState, requests: Requests) -> None:
-        stats = row.stats.summary()
-        if row.margins is not None:
-            stats["top2_margin"] = row.margins
-        requests.finished(row.request, GenerationResult(row.ctx.tokens, row.accept_lengths, stats))
-
-
-class NoStats:
-    """The baseline's counters: none (its answers record the top-2 margins instead)."""
-
-    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None) -> None:
-        pass
-
-    def summary(self) -> dict[str, Any]:
-        return {}
-
-
-class NoDraft(Drafter):
-    """The baseline's drafter: nothing, so every step is one autoregressive forward per row."""
-
-    def propose(self, ctx: DraftContext) -> DraftTree:
-        return DraftTree.empty(ctx.device)
+    def finish(self, row: Row, requests: Requests) -> None:
+        requests.finished(row.request, row.result())

@@ -1,4 +1,5 @@
-"""The draft-then-verify loop every speculative method shares.
+"""The speculative method every drafter plugs into: its settings, its draft budget, and its decode,
+which is the engine's one draft-verify-accept step (engine.decode) at batch size 1 and in batches.
 
 Per step: the drafter proposes a `DraftTree` under the pending token (the root); the target
 scores root + nodes in one forward; a verifier picks the accepted path and the target's own
@@ -9,7 +10,6 @@ draft tokens plus one token of the target's own (the "bonus").
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +22,7 @@ from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
 from specbench.engine.api import (
-    DraftContext,
     Drafter,
-    Feedback,
     GenerationResult,
     Method,
     Prefilled,
@@ -32,8 +30,9 @@ from specbench.engine.api import (
     Requests,
 )
 from specbench.engine.batch import BatchDecoder
-from specbench.engine.budget import BUDGET_MODES, BudgetPolicy, StepClock, cost_curve
-from specbench.engine.target import TargetScorer, keep_rows, model_context
+from specbench.engine.budget import BUDGET_MODES, BudgetPolicy, cost_curve
+from specbench.engine.decode import Decoder, OneRow, decode_one
+from specbench.engine.target import TargetScorer, model_context
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict, verify
 from specbench.models import LoadedModel
@@ -172,25 +171,6 @@ class SpeculativeMethod(Method):
         first = int(next_token(logits, sampling)[0])
         return Prefilled(input_ids, [first], cache, logits, {"hidden_states": out.hidden_states})
 
-    def _tree_mode(
-        self, tree: DraftTree, cache: Any, past: int, step: int, stats: StepStats
-    ) -> tuple[DraftTree, bool]:
-        """Whether this step needs the tree mask; a chain of first children where it can't run
-        (never on some models, past the sliding window on others: from that step on)."""
-        if tree.layout.is_chain and tree.aux is None:
-            return tree, False
-        problem = self.scorer.step_problem(cache, past, tree)
-        if problem is None:
-            return tree, True
-        if stats.fallback is None:
-            stats.fallback = problem if step == 0 else f"{problem} (from step {step + 1} on)"
-            warnings.warn(
-                f"{type(self).__name__}: the target {self.target.path} cannot verify token trees "
-                f"({problem}); verifying each tree's first branch as a chain instead",
-                RuntimeWarning, stacklevel=3,
-            )
-        return tree.first_branch(), False
-
     def decode(
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
     ) -> GenerationResult:
@@ -200,69 +180,7 @@ class SpeculativeMethod(Method):
     def _decode(
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer
     ) -> GenerationResult:
-        tokens = list(state.tokens)
-        accept_lengths: list[int] = []
-        stats = StepStats()
-        if stop.cut(tokens, 0) is not None:
-            return GenerationResult(tokens, accept_lengths, stats.summary())
-        cache = state.cache
-        if not getattr(cache, "is_croppable", True):
-            raise SpecbenchError(f"the KV cache of {self.target.path} cannot be rolled back; "
-                                 "speculative decoding needs a croppable cache")
-        record_past = getattr(cache, "activate_past_recording", None)
-        if record_past is not None:
-            record_past()  # sliding-window layers then keep what a crop (or a tree step) may need
-        past = int(state.input_ids.shape[1])
-        model_out_hidden = self.drafter.needs_hidden_states
-        ctx = DraftContext(state.input_ids, tokens, sampling, self.target.device)
-        policy = self.policy(1)
-        clock = StepClock(self.target.device)
-        with timer.section("draft"):
-            self.drafter.begin(state, sampling)
-        drafting = clock.now() if policy is not None else None
-        while True:
-            ctx.max_depth = stop.max_new_tokens - len(tokens) - 1
-            ctx.budget = policy.budget() if policy is not None else None
-            with timer.section("draft"):
-                tree = self.drafter.propose(ctx)
-            work = tree.n if tree.work is None else tree.work
-            tree = tree.truncate(ctx.max_depth)
-            if self.context is not None and tree.span > self.context - past:
-                # positions past the model's context (aux rows reach further than the nodes): drop them
-                tree = tree.select(list(range(tree.n))).truncate(self.context - past - 1)
-            proposed = tree.n
-            if policy is not None:
-                with timer.section("draft"):
-                    tree = policy.select(tree, past, work)
-                drafted = clock.now()
-                clock.span(drafting, drafted, policy.draft_seen(work))
-            tree, tree_mode = self._tree_mode(tree, cache, past, ctx.step, stats)
-            n = tree.n
-            with timer.section("verify"):
-                out = self.scorer.score(cache, past, tokens[-1], tree, tree_mode, model_out_hidden)
-                logits = out.logits[0]
-                verdict = self.verify_step(tree, logits[: n + 1], sampling)
-            rows = verdict.rows
-            keep_rows(cache, past, logits.shape[0], rows)
-            if policy is not None:
-                clock.span(drafted, clock.now(), policy.verify_seen(tree.rows, past))
-                policy.observe(tree, verdict)
-            past += len(rows)
-            start = len(tokens)
-            tokens.extend(verdict.tokens)
-            tokens.append(verdict.token)
-            stats.record(tree, verdict, tree_mode, proposed if policy is not None else None)
-            cut = stop.cut(tokens, start)
-            if cut is not None:
-                del tokens[cut:]
-                accept_lengths.append(cut - start)
-                return GenerationResult(tokens, accept_lengths, stats.summary())
-            accept_lengths.append(len(tokens) - start)
-            ctx.step += 1
-            drafting = clock.now() if policy is not None else None
-            with timer.section("draft"):
-                self.drafter.accepted(Feedback(
-                    tree, verdict, logits[: n + 1],
-                    out.hidden_states if model_out_hidden else None,
-                    logits[n + 1 :] if tree.aux is not None and tree_mode else None,
-                ))
+        decoder = Decoder(self.verify_step, sampling, timer, self.target.device, self.policy(1), self.context)
+        forward = OneRow(self.scorer, state.cache, int(state.input_ids.shape[1]), self.drafter.needs_hidden_states,
+                         type(self).__name__, str(self.target.path))
+        return decode_one(decoder, forward, state, self.drafter, stop, StepStats())

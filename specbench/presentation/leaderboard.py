@@ -72,10 +72,22 @@ def _speedup_cell(row: pd.Series, runs: int) -> str:
     return cell + (f" ± {_fmt(row['speedup_std'])}" if runs > 1 else "")
 
 
+#: the main table's column of `report --beside`: the auto budget's overall speedup from its own job
+AUTO_HEADER = "Overall, budget=auto"
+
+
+def _auto_cell(group: Group, method: str) -> str:
+    auto = group.beside.get(method)
+    if auto is None:
+        return "-"
+    overall = auto.rows["overall"]
+    return f"{_fmt(overall['speedup'])}x ({_fmt(overall['mean_accepted'])})"
+
+
 def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
     subtasks = _subtasks(group)
     headers = ["Method", *[SUBTASK_TITLES[s] for s in subtasks], "#Mean Accepted Tokens", "Acceptance Rate",
-               "Overall"]
+               "Overall", *([AUTO_HEADER] if group.beside else [])]
     runs = {r.method: r.runs for r in group.results}
     table = _table(group)
     cells = pd.Series([_speedup_cell(row, runs[m]) for (m, _), row in table.iterrows()], index=table.index)
@@ -84,8 +96,9 @@ def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
     wide.insert(len(subtasks), "accepted", accepted)
     wide.insert(len(subtasks) + 1, "rate", table["acceptance_rate"].xs(OVERALL, level="subtask").map(_fmt))
     contended = {r.method for r in group.results if r.contended}
-    return headers, [[m, *cells[:-1], cells[-1] + (f" {CONTENDED}" if m in contended else "")]
-                     for m, cells in zip(wide.index, wide.to_numpy().tolist())]
+    beside = [[_auto_cell(group, m)] if group.beside else [] for m in wide.index]
+    return headers, [[m, *cells[:-1], cells[-1] + (f" {CONTENDED}" if m in contended else ""), *auto]
+                     for m, cells, auto in zip(wide.index, wide.to_numpy().tolist(), beside)]
 
 
 #: marks the Overall speedup of a method measured while other processes loaded the machine
@@ -96,6 +109,12 @@ def timing_footnote(group: Group) -> list[str]:
     """The lines under a speed table: how it was timed (paired or not), and the contention mark's
     meaning when a row carries it."""
     lines = [note] if (note := schedule_note(group)) else []
+    if group.beside:
+        questions = max(int(r.rows["overall"].get("questions", 0) or 0) for r in group.beside.values())
+        lines.append(f"{AUTO_HEADER}: the method with its draft budget on (budget=auto), from a job of its own "
+                     f"({questions} questions; the baseline, each preset and auto in turn: make leaderboard-budget), "
+                     "against that job's baseline, with its mean accepted tokens in brackets. The rows rank on the "
+                     "presets (<method>-fixed), whose acceptance does not depend on the machine.")
     note = contention_note(group)
     return lines + ([f"{CONTENDED} {note[0].upper()}{note[1:]}."] if note else [])
 
@@ -411,13 +430,24 @@ def console(group: Group) -> str:
 def build(
     results_dir: Path, out_dir: Path, *, upstream_model: str = "upstream", tie_margin: float = 0.05,
     upstream_tokenizer: Any = None, figures: bool = True, recheck: bool = False, recheck_limit: int | None = None,
+    beside: Path | None = None,
 ) -> tuple[list[Group], list[Path]]:
     """Analyse every group under `results_dir` (with `recheck`, each greedy mismatch judged by the
-    float64 target: analysis.recheck), write tables (and figures) to `out_dir`."""
+    float64 target: analysis.recheck), write tables (and figures) to `out_dir`. `beside`: answers of a
+    `budget=both` job; each main-table row X-fixed gets X's auto speedup from there."""
     from specbench.analysis import report
 
     groups = [report.analyse(g, tie_margin=tie_margin, upstream_tokenizer=upstream_tokenizer)
               for g in report.group_runs(report.load_runs(results_dir, upstream_model))]
+    if beside is not None:
+        others = {g.key: report.analyse(g, tie_margin=tie_margin)
+                  for g in report.group_runs(report.load_runs(beside, upstream_model))} if beside.is_dir() else {}
+        if not others:
+            raise SpecbenchError(f"--beside {beside}: no answer files there; give the answers folder of "
+                                 "`make leaderboard-budget` (results/answers-budget)")
+        for group in groups:
+            if (other := others.get(group.key)) is not None:
+                group.beside = {pair.fixed.method: pair.auto for pair in budget_pairs(other)}
     if recheck:
         from specbench.analysis.recheck import recheck_groups
 

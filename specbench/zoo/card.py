@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from specbench import synth
+from specbench.core.stopping import StopCriteria
+from specbench.engine.decode import autoregressive
 from specbench.zoo.data import Packed, render
 
 ANSWER_RE = re.compile(r"The answer is (-?[\d,]*\d(?:\.\d+)?)")
@@ -69,20 +71,10 @@ def heldout_metrics(models: dict[str, torch.nn.Module], data: Packed, batch_size
     return out
 
 
-@torch.inference_mode()
 def greedy(model: torch.nn.Module, prompt: Sequence[int], eos_id: int, max_new_tokens: int) -> list[int]:
-    """Greedy decoding with a KV cache, as the harness's baseline does; EOS is kept."""
-    cache = DynamicCache(config=model.config)
-    ids = torch.tensor([list(prompt)], dtype=torch.long)
-    out: list[int] = []
-    while len(out) < max_new_tokens:
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        tok = int(logits.argmax())
-        out.append(tok)
-        if tok == eos_id:
-            break
-        ids = torch.tensor([[tok]], dtype=torch.long)
-    return out
+    """Greedy decoding with a KV cache: the harness's baseline itself (the engine's shared step with
+    an empty draft); EOS is kept."""
+    return autoregressive(model, list(prompt), StopCriteria.build([eos_id], max_new_tokens)).tokens
 
 
 def final_answer(text: str) -> str | None:
