@@ -5,7 +5,8 @@ same tokens, the same accepted length at every step and the same number of steps
   (the batched forward on a shared cache): both are the engine's one step (engine.decode), with
   another forward;
 - through the CLI, each method timed alone (`schedule=sequential`, one phase per method: a plain run)
-  and all of them in one interleaved job with the baseline (`run batch_size=1` is that same decode).
+  and all of them in one interleaved job with the baseline (`run batch_size=1` is that same decode);
+- the zoo card's greedy answers are the baseline's decode.
 
 budget=fixed: the presets, whose choices do not follow measured timings."""
 
@@ -70,6 +71,19 @@ def test_batch_size_one_is_the_plain_loop(zoo, name):
         assert one.tokens == other.tokens, (name, i)
         assert one.accept_lengths == other.accept_lengths, (name, i, one.accept_lengths, other.accept_lengths)
 
+
+
+def test_the_zoo_card_answers_as_the_baseline_does(zoo):
+    """The zoo card's greedy answers (its EOS and quality floors) are the baseline's own decode: the
+    shared step with an empty draft, on the bare model."""
+    from specbench.zoo import card
+
+    target, model_cfg, prompts = zoo
+    baseline = registry.build_method(compose_method("baseline"), target, model_cfg)
+    eos = target.tokenizer.eos_token_id
+    for prompt in prompts:
+        want = baseline.decode(baseline.prefill(prompt, GREEDY), GREEDY, StopCriteria.build([eos], 40), CpuTimer())
+        assert card.greedy(target.model, prompt[0].tolist(), eos, 40) == want.tokens
 
 def answers_by_lane(out) -> dict[str, dict[int, tuple]]:
     """Per answer folder (lane): question id -> (tokens, accepted lengths, steps per turn)."""

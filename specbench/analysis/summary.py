@@ -49,7 +49,8 @@ def run_summary(session: Session) -> str:
         lines.append("schedule=sequential: methods timed one after another; their speedups carry any drift of the "
                      "machine between them" if cfg.get("schedule") == "sequential" else
                      "schedule=interleaved: the baseline and the methods answered each question in turn, so the "
-                     "speedups are paired (answers already there from an earlier job are not)")
+                     "speedups are paired (answers already there were timed by the job that made them: `report` "
+                     "says how)")
     for outcome in session.failures():
         lines.append(f"{outcome.label}: {outcome.failed} failed question(s) not in these numbers "
                      f"(listed in {outcome.folder / ERRORS})")
