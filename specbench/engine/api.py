@@ -24,7 +24,7 @@ from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict
-from specbench.models import LoadedModel
+from specbench.models import LoadedModel, new_cache
 
 
 @dataclass
@@ -137,6 +137,14 @@ def check_ranges(settings: Any, label: str) -> None:
                                  "(fix it in the method's YAML or override)")
 
 
+@torch.inference_mode()
+def prefill_prompt(model: torch.nn.Module, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:
+    """The target alone over the prompt (1, len) on a fresh cache; its first new token from the last position."""
+    cache = new_cache(model.config)
+    logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+    return Prefilled(input_ids=input_ids, tokens=[int(next_token(logits, sampling)[0])], cache=cache, logits=logits)
+
+
 class Method:
     """Base class: holds the target, prefills with the target alone."""
 
@@ -179,13 +187,8 @@ class Method:
         changes no per-question number)."""
         return questions
 
-    @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, sampling: SamplingParams) -> Prefilled:
-        cache = self.target.new_cache()
-        out = self.target.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :]
-        first = int(next_token(logits, sampling)[0])
-        return Prefilled(input_ids=input_ids, tokens=[first], cache=cache, logits=logits)
+        return prefill_prompt(self.target.model, input_ids, sampling)
 
     def decode(
         self, state: Prefilled, sampling: SamplingParams, stop: StopCriteria, timer: Timer

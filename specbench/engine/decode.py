@@ -26,15 +26,14 @@ from typing import Any
 import torch
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.sampling import SamplingParams, next_token
+from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer, Timer
-from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Prefilled, Request
+from specbench.engine.api import DraftContext, Drafter, Feedback, GenerationResult, Prefilled, Request, prefill_prompt
 from specbench.engine.budget import BudgetPolicy, StepClock
 from specbench.engine.target import TargetScorer, keep_rows
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict, verify
-from specbench.models import new_cache
 
 Verify = Callable[[DraftTree, torch.Tensor, SamplingParams], Verdict]
 
@@ -274,12 +273,8 @@ def autoregressive(model: torch.nn.Module, prompt: list[int], stop: StopCriteria
     """One prompt decoded by the target alone, through the shared step with an empty draft (what the
     baseline does, for callers that hold a bare model: the zoo card's greedy answers)."""
     sampling = sampling or SamplingParams()
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    cache = new_cache(model.config)
-    input_ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-    logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
-    state = Prefilled(input_ids, [int(next_token(logits, sampling)[0])], cache, logits)
-    decoder = Decoder(verify, sampling, CpuTimer(), device)
-    forward = OneRow(TargetScorer(model, device, dtype), cache, len(prompt), drafts=False)
+    weight = next(model.parameters())
+    state = prefill_prompt(model, torch.tensor([list(prompt)], dtype=torch.long, device=weight.device), sampling)
+    decoder = Decoder(verify, sampling, CpuTimer(), weight.device)
+    forward = OneRow(TargetScorer(model, weight.device, weight.dtype), state.cache, len(prompt), drafts=False)
     return decode_one(decoder, forward, state, NoDraft(), stop, NoStats())

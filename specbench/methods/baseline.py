@@ -40,6 +40,6 @@ class Baseline(Method):
         target = self.target
         decoder = Decoder(verify, sampling, timer, target.device, margins=top2_margin if greedy else None)
         forward = OneRow(TargetScorer(target.model, target.device, target.dtype), state.cache,
-                         int(state.input_ids.shape[1]), label="Baseline", path=str(target.path), drafts=False)
+                         int(state.input_ids.shape[1]), drafts=False)
         margins = [top2_margin(state.logits)] if greedy and state.logits is not None else None
         return decode_one(decoder, forward, state, NoDraft(), stop, NoStats(), margins)
