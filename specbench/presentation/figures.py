@@ -16,6 +16,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from specbench.analysis.batching import BatchPoint  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
+from specbench.engine.budget import FIXED_SUFFIX  # noqa: E402
 
 # matplotlib's tab20, handed out in the registry's order: the built-ins (by name) first, then the
 # user's methods, so a new user method never recolours a built-in; other names by hash.
@@ -35,11 +36,28 @@ def known_methods() -> tuple[str, ...]:
 
 
 def colour(method: str) -> str:
-    """The same colour for a method in every figure (registry order first, others by hash)."""
+    """The same colour for a method in every figure (registry order first, others by hash); a
+    `<method>-fixed` run (its preset) has its method's colour."""
     known = known_methods()
-    if method in known[: len(PALETTE)]:
-        return PALETTE[known.index(method)]
-    return PALETTE[int(hashlib.sha256(method.encode()).hexdigest(), 16) % len(PALETTE)]
+    name = method.removesuffix(FIXED_SUFFIX)
+    if name in known[: len(PALETTE)]:
+        return PALETTE[known.index(name)]
+    return PALETTE[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(PALETTE)]
+
+
+def _twinned(method: str, names: set[str]) -> bool:
+    """A preset run drawn beside its `budget=auto` twin: the two share a colour, so the preset is
+    hatched (bars) or dashed (lines)."""
+    return method.endswith(FIXED_SUFFIX) and method.removesuffix(FIXED_SUFFIX) in names
+
+
+def bar_style(method: str, names: set[str]) -> dict:
+    return {"color": colour(method), **({"hatch": "//", "edgecolor": "white"} if _twinned(method, names) else {})}
+
+
+def line_style(method: str, names: set[str]) -> dict:
+    return {"color": colour(method), "linestyle": "--" if _twinned(method, names) else "-",
+            "marker": "s" if _twinned(method, names) else "o"}
 
 
 def _error(row: dict[str, float], runs: int) -> tuple[float, float]:
@@ -67,6 +85,7 @@ def _methods(group: Group) -> list[MethodResult]:
 def figure5(group: Group, base: Path) -> list[Path]:
     """Grouped bars: speedup of each method on each subtask and overall."""
     results = _methods(group)
+    names = {r.method for r in results}
     keys = [s for s in SUBTASKS if any(s in r.rows for r in results)] + ["overall"]
     width = 0.8 / max(1, len(results))
     fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(keys) + 0.4 * len(results)), 4))
@@ -74,7 +93,7 @@ def figure5(group: Group, base: Path) -> list[Path]:
         xs = [k + (i - (len(results) - 1) / 2) * width for k in range(len(keys))]
         ys = [r.rows[s]["speedup"] if s in r.rows else 0 for s in keys]
         errs = list(zip(*[_error(r.rows[s], r.runs) if s in r.rows else (0, 0) for s in keys]))
-        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=r.method, color=colour(r.method))
+        ax.bar(xs, ys, width, yerr=errs, capsize=2, label=r.method, **bar_style(r.method, names))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="baseline (1.00x)")
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels([SUBTASK_TITLES.get(k, "Overall").replace(" ", "\n", 1) for k in keys], fontsize=8)
@@ -91,15 +110,15 @@ def figure6(groups: list[Group], base: Path) -> list[Path]:
         for r in _methods(group):
             row = r.rows["overall"]
             series.setdefault(r.method, []).append((group.temperature, row["speedup"], _error(row, r.runs)))
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     for method, points in sorted(series.items()):
         xs, ys, errs = zip(*points)
-        ax.errorbar(xs, ys, yerr=list(zip(*errs)), marker="o", capsize=3, label=method, color=colour(method))
+        ax.errorbar(xs, ys, yerr=list(zip(*errs)), capsize=3, label=method, **line_style(method, set(series)))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xlabel("Temperature")
     ax.set_ylabel("Overall speedup (x)")
     ax.set_title(f"Speedup against temperature: {groups[0].dataset} / {groups[0].model}", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the lines, not on them
     return _save(fig, base)
 
 
@@ -138,16 +157,17 @@ def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]
 def acceptance(group: Group, base: Path) -> list[Path]:
     """Left: share of steps by accepted length. Right: per-depth acceptance rate."""
     results = _methods(group)
+    names = {r.method for r in results}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / max(1, len(results))
     for i, r in enumerate(results):
         total = sum(r.accept_hist.values()) or 1
         lengths = sorted(r.accept_hist)
         left.bar([n + (i - (len(results) - 1) / 2) * width for n in lengths],
-                 [r.accept_hist[n] / total for n in lengths], width, label=r.method, color=colour(r.method))
+                 [r.accept_hist[n] / total for n in lengths], width, label=r.method, **bar_style(r.method, names))
         if r.depth_acceptance:
             depths = range(1, len(r.depth_acceptance) + 1)
-            right.plot(depths, r.depth_acceptance, marker="o", label=r.method, color=colour(r.method))
+            right.plot(depths, r.depth_acceptance, label=r.method, **line_style(r.method, names))
     for ax in (left, right):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_xlabel("Tokens accepted per target forward (bonus included)")
