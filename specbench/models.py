@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.core.errors import SpecbenchError
+from specbench.gguf import gguf_folder, is_gguf
 
 ZOO_PREFIX = "zoo:"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -183,8 +184,9 @@ def _resolver(prefix: str) -> Callable[[str], os.PathLike | str] | None:
 
 
 def resolve_path(spec: str) -> str:
-    """A hub id or folder as given; `zoo:NAME` is a model of the embedded zoo (built on demand),
-    and any other registered `prefix:NAME` goes through its resolver."""
+    """A hub id or folder as given; a GGUF file is the folder it converts to (once, cached);
+    `zoo:NAME` is a model of the embedded zoo (built on demand), and any other registered
+    `prefix:NAME` goes through its resolver."""
     prefix, sep, name = spec.partition(":")
     if sep and prefix.isidentifier() and not os.path.exists(spec):
         resolve = _resolver(prefix)
@@ -194,8 +196,10 @@ def resolve_path(spec: str) -> str:
             raise SpecbenchError(f"'{spec}' names the embedded zoo, but specbench.zoo is not installed")
     expanded = os.path.expanduser(spec)
     if Path(expanded).exists() and not Path(expanded).is_dir():
+        if is_gguf(expanded):
+            return str(gguf_folder(expanded))
         raise SpecbenchError(f"model path '{spec}' is a file, not a model folder; give the folder that holds "
-                             "config.json, the tokenizer and the weights")
+                             "config.json, the tokenizer and the weights (or a .gguf file)")
     if expanded.startswith((".", "/", "~")) and not Path(expanded).is_dir():
         raise SpecbenchError(f"model folder '{spec}' does not exist; give an existing folder or a hub id")
     return expanded

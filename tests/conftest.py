@@ -18,6 +18,7 @@ from transformers import (
     Qwen2Config,
 )
 
+import specbench.kit  # noqa: F401 - registers the kits' resolvers (`smollm2:`), as the cli does
 import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver, as the cli does
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

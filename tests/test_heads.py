@@ -284,10 +284,15 @@ def test_zoo_heads_are_refused_for_other_models_before_any_build(targets, monkey
     from specbench import zoo
 
     monkeypatch.setattr(zoo, "ensure_zoo", lambda *a, **k: pytest.fail("the zoo must not be built"))
-    model_cfg = OmegaConf.create({"path": "/models/vicuna-7b"})
+    model_cfg = OmegaConf.create({"path": "/models/vicuna-7b", "parts": None})
     for name in ("eagle", "eagle2", "medusa"):
-        with pytest.raises(SpecbenchError, match="trained for model=tiny only"):
+        # a hub model has no built parts: the default ${parts:...} head is null and asked for
+        with pytest.raises(SpecbenchError, match="needs a trained .* head .*set method.head="):
             build_method(method_cfg(name), targets["llama"], model_cfg)
+        # the zoo's head named outright is refused for another target
+        with pytest.raises(SpecbenchError, match=r"built for zoo:target only; for /models/vicuna-7b set"):
+            build_method(method_cfg(name, head=f"zoo:{'eagle' if name == 'eagle2' else name}"), targets["llama"],
+                         model_cfg)
 
 
 def test_static_trees_from_choices():

@@ -1,9 +1,10 @@
 """The package's layers point one way, and no import cycle exists (imports inside functions count).
 
 shared basics (core) <- models <- engine <- methods, heads, datastore <- run <- analysis <-
-presentation <- cli. The zoo and the synthetic data set are leaves: only the cli (and the zoo,
-for the synthetic corpus) import them; everything else reaches the zoo through the `zoo:`
-resolver it registers, and the synthetic set through its dataset config's `generator`.
+presentation <- cli; `gguf` (GGUF files as model folders) sits with models. The zoo, the kits and
+the synthetic data set are leaves: only the cli (the zoo and the kits, for the synthetic corpus and
+the zoo's training code) import them; everything else reaches the zoo and the kits through the
+`zoo:` / `KIT:` resolvers they register, and the synthetic set through its dataset config's `generator`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specbench"
 
 LAYERS = {
     "core": 0, "models": 1, "engine": 2, "methods": 3, "heads": 3, "datastore": 3, "run": 4, "analysis": 5,
-    "presentation": 6, "cli": 7, "__main__": 8, "zoo": 7, "synth": 0,
+    "presentation": 6, "cli": 7, "__main__": 8, "zoo": 7, "kit": 7, "synth": 0, "gguf": 1,
 }
-#: leaves: who may import them
-LEAVES = {"zoo": {"cli", "zoo"}, "synth": {"cli", "zoo", "synth"}}
+#: leaves: who may import them (a kit builds its parts with the zoo's training code)
+LEAVES = {"zoo": {"cli", "zoo", "kit"}, "kit": {"cli", "kit"}, "synth": {"cli", "zoo", "kit", "synth"}}
 
 
 def modules() -> dict[str, Path]:

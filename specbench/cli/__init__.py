@@ -24,6 +24,8 @@ commands:
   data fetch           download the official Spec-Bench questions (SHA-256 checked)
   data synth           write the embedded synthetic benchmark to data/synthetic/
   zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
+  kit fetch|build|show NAME
+                       a real model (kit: smollm2): fetch it (checksum-checked), build its parts, show them
   train-head method=medusa|eagle model=NAME [out=DIR]
                        train an EAGLE or Medusa head with the target frozen (published checkpoint layout)
   datastore build --corpus SPEC --model MODEL --out DIR
@@ -174,6 +176,12 @@ def _recommend(args: list[str]) -> int:
     return recommend_main(args)
 
 
+def _kit(args: list[str]) -> int:
+    from specbench.kit.cli import kit_main
+
+    return kit_main(args)
+
+
 def _zoo(args: list[str]) -> int:
     from specbench.zoo import zoo_main
 
@@ -212,12 +220,13 @@ def _train_head(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "run": _run, "report": _report, "check": _check, "recommend": _recommend, "data": _data, "zoo": _zoo,
+    "run": _run, "report": _report, "check": _check, "recommend": _recommend, "data": _data, "zoo": _zoo, "kit": _kit,
     "datastore": _datastore, "train-head": _train_head, "methods": _methods,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    import specbench.kit  # noqa: F401 - registers the kits' resolvers (`smollm2:`)
     import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver (also an entry point, for library use)
 
     argv = list(sys.argv[1:] if argv is None else argv)

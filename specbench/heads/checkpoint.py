@@ -98,21 +98,23 @@ def check_keys(state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ..
 
 
 def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Path:
-    """The folder that `spec` (the method's `head` setting) names: a path, or `zoo:NAME` (the
-    zoo is built if needed).
+    """The folder that `spec` (the method's `head` setting) names: a path, or `zoo:NAME` / `KIT:NAME`
+    (built if needed).
 
-    The zoo's heads are trained for the zoo's target only: for any other model the default is
-    refused before the zoo would be built for nothing.
+    The zoo's and a kit's heads are trained for their own target only: for any other model they
+    are refused before they would be built for nothing.
     """
-    from specbench.models import ZOO_PREFIX, resolve_path
+    from specbench.models import RESOLVERS, resolve_path
 
     if not spec:
-        raise SpecbenchError(f"method {method} needs a trained {kind} head; set method.head=/path/to/head_folder")
+        raise SpecbenchError(f"method {method} needs a trained {kind} head (model.parts names no built ones for "
+                             "this model); set method.head=/path/to/head_folder")
     spec = str(spec)
     target = str(model_cfg.get("path") or "")
-    if spec.startswith(ZOO_PREFIX) and target and not target.startswith(ZOO_PREFIX):
+    built_for = spec.partition(":")[0]
+    if built_for in RESOLVERS and target and not target.startswith(built_for + ":"):
         raise SpecbenchError(
-            f"method.head={spec} is the zoo's {kind} head, trained for model=tiny only; for {target} set "
+            f"method.head={spec} is the {kind} head built for {built_for}:target only; for {target} set "
             f"method.head=/path/to/its {kind} head (published releases load as they are), or train one with "
             f"`python -m specbench train-head method={method} model=...`"
         )

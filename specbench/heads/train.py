@@ -581,44 +581,47 @@ def zoo_stage(ctx: Any) -> None:
 
     cfg = ctx.cfg.heads
     target = ctx.model("target")
+    # what the heads' configs name as their base model, and the label of the progress bars (a kit's
+    # build sets `<kit>:target` and the kit's name)
+    base, label = str(ctx.state.get("target_spec", "zoo:target")), str(ctx.state.get("label", "zoo"))
     rows = ctx.state["train_rows"]
     n_rows = max(1, math.ceil(int(cfg.tokens) / rows.input_ids.shape[1]))
     start = time.perf_counter()
     n_layers = int(target.config.num_hidden_layers)
     eagle3_cfg = OmegaConf.to_container(cfg.eagle3, resolve=True)
     layers = feature_layers(n_layers, eagle3_cfg.get("layers"))
-    data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, desc="zoo head features",
-                            layers=layers)
+    data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100,
+                            desc=f"{label} head features", layers=layers)
     seconds = {"features": round(time.perf_counter() - start, 1)}
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
     medusa, medusa_stats = train_medusa(data, lm_head, **OmegaConf.to_container(cfg.medusa, resolve=True),
-                                        seed=ctx.seed(5), desc="zoo medusa head")
-    save_medusa(medusa, ctx.out / "medusa", "zoo:target")
+                                        seed=ctx.seed(5), desc=f"{label} medusa head")
+    save_medusa(medusa, ctx.out / "medusa", base)
     eagle, eagle_stats = train_eagle(data, embed, lm_head, target.config,
                                      **OmegaConf.to_container(cfg.eagle, resolve=True), seed=ctx.seed(6),
-                                     desc="zoo eagle head")
-    save_eagle(eagle, ctx.out / "eagle", "zoo:target")
+                                     desc=f"{label} eagle head")
+    save_eagle(eagle, ctx.out / "eagle", base)
     hydra, hydra_stats = train_hydra(data, embed, lm_head, **OmegaConf.to_container(cfg.hydra, resolve=True),
-                                     seed=ctx.seed(7), desc="zoo hydra head")
-    save_hydra(hydra, ctx.out / "hydra", "zoo:target")
+                                     seed=ctx.seed(7), desc=f"{label} hydra head")
+    save_hydra(hydra, ctx.out / "hydra", base)
     ppd_cfg = OmegaConf.to_container(cfg.ppd, resolve=True)
     exit_layer = int(ppd_cfg.pop("exit_layer", None) or n_layers // 2)
     start = time.perf_counter()
     states = collect_exit_states(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, exit_layer,
-                                 desc="zoo early-exit states")
+                                 desc=f"{label} early-exit states")
     seconds["exit_states"] = round(time.perf_counter() - start, 1)
     ppd, ppd_stats = train_exit_head(data, states, lm_head, exit_layer=exit_layer, num_layers=n_layers, **ppd_cfg,
-                                     seed=ctx.seed(8), desc="zoo ppd exit head")
+                                     seed=ctx.seed(8), desc=f"{label} ppd exit head")
     del states
-    save_exit_head(ppd, ctx.out / "ppd", int(lm_head.weight.shape[0]), "zoo:target")
+    save_exit_head(ppd, ctx.out / "ppd", int(lm_head.weight.shape[0]), base)
     eagle3, eagle3_stats = train_eagle3(data, embed, lm_head, target.config, **eagle3_cfg, seed=ctx.seed(9),
-                                        desc="zoo eagle3 head")
-    save_eagle3(eagle3, ctx.out / "eagle3", "zoo:target")
+                                        desc=f"{label} eagle3 head")
+    save_eagle3(eagle3, ctx.out / "eagle3", base)
     specdec, queries, specdec_stats = train_specdec(data, ctx.state["draft"], lm_head,
                                                     **OmegaConf.to_container(cfg.specdec, resolve=True),
-                                                    seed=ctx.seed(10), desc="zoo specdec drafter")
+                                                    seed=ctx.seed(10), desc=f"{label} specdec drafter")
     save_specdec(specdec, queries, ctx.state.get("tokenizer"), ctx.out / "specdec", int(lm_head.weight.shape[0]),
-                 "zoo:target")
+                 base)
     ctx.card["heads"] = {
         "tokens": data.n_tokens, "seconds": seconds,
         "medusa": {"params": sum(p.numel() for p in medusa.parameters()), **medusa_stats.as_dict()},

@@ -19,6 +19,7 @@ trie merge is lossless too. (It accepts less than min(1, q/p) would for a single
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -34,7 +35,8 @@ from specbench.models import LoadedModel
 class SpecInferSettings:
     """`method=specinfer`."""
 
-    drafts: list[str]  # the draft models (hub ids, folders or zoo:NAME), each sharing the target's tokenizer
+    drafts: list[Optional[str]]  # noqa: UP045 - the draft models (hub ids, folders, zoo:NAME or KIT:NAME), each
+    # sharing the target's tokenizer; null entries are the ${parts:...} of a model without built drafts
     num_speculative_tokens: int  # K, tokens each draft model proposes per step (the tree's depth)
 
 
@@ -104,8 +106,9 @@ class SpecInfer(SpeculativeMethod):
 
     def build_drafter(self) -> Drafter:
         s = self.settings
-        if not s.drafts:
-            raise SpecbenchError("method specinfer needs draft models; set method.drafts=[zoo:draft,...]")
+        if not s.drafts or None in s.drafts:
+            raise SpecbenchError("method specinfer needs draft models (model.parts names no built ones for this "
+                                 "model); set method.drafts=[DRAFT1,DRAFT2]")
         loaded: dict[str, LoadedModel] = {}
         for spec in s.drafts:
             if spec not in loaded:  # the same model twice shares its weights (each drafter keeps its own cache)

@@ -16,7 +16,7 @@ from specbench.core.prompts import TEMPLATES
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
 from specbench.engine.budget import BUDGET_MODES
-from specbench.run.registry import discover, register_with_hydra
+from specbench.run.registry import discover, in_scope, register_with_hydra
 
 GROUPS = ("model", "method", "task", "dataset", "sweep")
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -101,6 +101,12 @@ def compose_method(name: str) -> DictConfig:
         return compose("config", overrides=[f"method={name}"]).method
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=[f"method={name}"]).method
+
+
+def in_run(cfg: DictConfig, method_cfg: DictConfig) -> DictConfig:
+    """`method_cfg` with every interpolation resolved against the run's config `cfg` (its model's
+    parts, its top-level keys): what a method of the run sees, plain values only."""
+    return in_scope(method_cfg, OmegaConf.to_container(cfg, resolve=False))
 
 
 def selected_subtasks(task_cfg: DictConfig | None) -> list[str]:

@@ -361,6 +361,33 @@ def method_label(method_cfg: DictConfig) -> str:
     return name + FIXED_SUFFIX if str(method_cfg.get("budget", "")) == "fixed" else name
 
 
+def _part(name: str, *, _root_: DictConfig) -> str | None:
+    """`${parts:NAME}` in a method's YAML: the part NAME built for the model, `<model.parts>:NAME`
+    (`zoo:eagle` for model=tiny, `smollm2:eagle` for model=smollm2), or null for a model without
+    built parts (a hub model: the method then asks for its own head, draft or datastore). A method
+    config read on its own, without a model (`build_method` always gives one), has no parts either."""
+    model = _root_.get("model") if isinstance(_root_, DictConfig) else None
+    kit = model.get("parts") if isinstance(model, DictConfig) else None
+    return f"{kit}:{name}" if kit else None
+
+
+OmegaConf.register_new_resolver("parts", _part, replace=True)
+
+
+def in_scope(method_cfg: DictConfig, scope: dict) -> DictConfig:
+    """`method_cfg` resolved as the `method` of the config `scope` (a plain dict holding at least
+    `model`): `${parts:...}` and other interpolations become plain values."""
+    root = OmegaConf.create({**scope, "method": OmegaConf.to_container(method_cfg, resolve=False)})
+    try:
+        return OmegaConf.create(OmegaConf.to_container(root.method, resolve=True))
+    except OmegaConfBaseException as exc:
+        raise SpecbenchError(f"method '{method_cfg.get('name', '?')}': {str(exc).strip().splitlines()[0]} (fix "
+                             "its YAML or override)") from None
+
+
 def build_method(method_cfg: DictConfig, target: LoadedModel, model_cfg: DictConfig) -> Method:
-    """Instantiate the class named by the method config's `impl` (module.Class)."""
+    """Instantiate the class named by the method config's `impl` (module.Class), its settings
+    resolved for `model_cfg` (a method's `${parts:NAME}` names the part built for that model)."""
+    model = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else {}
+    method_cfg = in_scope(method_cfg, {"model": model})
     return load_impl(str(method_cfg.get("impl")), str(method_cfg.get("name")))(target, method_cfg, model_cfg)

@@ -48,7 +48,7 @@ from specbench.engine.batch import batch_problem
 from specbench.engine.budget import BUDGET_MODES
 from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
-from specbench.run.config import BOTH, SEQUENTIAL, check_values, compose_method, selected_subtasks
+from specbench.run.config import BOTH, SEQUENTIAL, check_values, compose_method, in_run, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
 from specbench.run.provenance import comparable_identity, environment, identity, weights_fingerprint
@@ -642,10 +642,10 @@ def run(cfg: DictConfig) -> Session:
     one after another, the baseline first (`schedule=sequential`). One Ctrl-C ends the run at the next
     question boundary, whichever phase it falls in."""
     session = Session(cfg)
-    plan = [cfg.method]
+    plan = [in_run(cfg, cfg.method)]  # `${parts:...}` resolved against the run's model, lanes alike
     for name in cfg.get("interleave") or []:
         if name not in {m.name for m in plan}:
-            plan.append(compose_method(name))
+            plan.append(in_run(cfg, compose_method(name)))
     if cfg.baseline and all(m.name != "baseline" for m in plan):
         plan.insert(0, OmegaConf.load(CONFIG_DIR / "method" / "baseline.yaml"))
     with interrupt_flag() as interrupted:

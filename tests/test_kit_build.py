@@ -1,0 +1,95 @@
+"""A kit's parts end to end on a tiny random Llama standing in for a real target: the target's own
+answers (corpus), REST's datastore, two distilled drafts and six heads, each group cached once,
+then every method that needs them built through `${parts:...}` for `model.parts=testkit`, lossless."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from test_lossless import assert_matches_baseline
+
+from specbench import models
+from specbench.kit import build
+from specbench.models import load_model
+from specbench.run.config import compose_method
+from specbench.run.registry import build_method
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = {
+    "name": "testkit", "title": "Test kit", "source": "pypi",
+    "build": {
+        "threads": 1, "seed": 0, "heldout_fraction": 0.25,
+        "corpus": {"prompts": 8, "seed": 3, "max_new_tokens": 12, "batch_size": 4, "dtype": "float32"},
+        "drafts": {
+            "dtype": "float32", "max_positions": 512,
+            "arch": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                     "tie_word_embeddings": True},
+            **{name: {"epochs": 1.0, "batch_size": 2, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1,
+                      "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd,
+                      "temperature": 1.0} for name, kd in (("draft", 0.9), ("draft_plain", 0.0))},
+        },
+        "heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+                  "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
+                  "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+                  "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
+                  "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
+                  "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def kit(tiny_models, tmp_path_factory):
+    """The test kit: tiny_models' Llama as its fetched target, its cache in a temporary folder."""
+    cache = tmp_path_factory.mktemp("kit-cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPECBENCH_CACHE_DIR", str(cache))
+    target = tiny_models["llama"]
+    patch.setattr(build, "ensure_target", lambda kit, source=None: target)
+    patch.setattr(build, "recorded_target", lambda kit: {"source": "test", "folder": str(target), "sha256": "0"})
+    cfg = OmegaConf.create(TINY)
+    patch.setitem(models.RESOLVERS, "testkit",
+                  lambda part: target if part == "target" else build.resolve_part(cfg, part))
+    yield cfg
+    patch.undo()
+
+
+def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
+    rows = build.read_corpus(build.ensure_group(kit, "corpus"))
+    assert len(rows) == 8 and all(r["turns"] and r["prompt_ids"] for r in rows)
+    assert all(0 < len(r["answer_ids"]) <= 12 for r in rows)
+    for group in ("datastore", "drafts", "heads"):
+        folder = build.ensure_group(kit, group)
+        card = json.loads((folder / build.CARD).read_text())
+        assert card["group"] == group and card["build_seconds"] >= 0 and card["settings"]["code"]
+    drafts = json.loads((build.group_dir(kit, "drafts") / build.CARD).read_text())
+    assert 0 <= drafts["draft"]["heldout_agreement"] <= 1 and drafts["heldout_rows"] == 2
+    # built once: a second call reads the cache
+    before = (build.group_dir(kit, "heads") / build.CARD).stat().st_mtime_ns
+    build.ensure_group(kit, "heads")
+    assert (build.group_dir(kit, "heads") / build.CARD).stat().st_mtime_ns == before
+    # a change of a group's settings builds that group anew, not the ones it reads
+    changed = OmegaConf.merge(kit, {"build": {"heads": {"eagle": {"steps": 4}}}})
+    assert build.group_dir(changed, "heads") != build.group_dir(kit, "heads")
+    assert build.group_dir(changed, "drafts") == build.group_dir(kit, "drafts")
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "medusa", "hydra", "ppd", "specdec", "sps", "sps_plain",
+                                  "specinfer", "rest"])
+def test_every_part_serves_its_method_losslessly(kit, tiny_models, name):
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32)
+    model_cfg = OmegaConf.create({"path": "testkit:target", "draft": "testkit:draft", "parts": "testkit"})
+    method = build_method(compose_method(name), target, model_cfg)  # ${parts:...} -> testkit:...
+    assert_matches_baseline(method, target, lengths=(6,))
+
+
+def test_an_unknown_part_is_named_with_the_known_ones(kit):
+    from specbench.core.errors import SpecbenchError
+
+    with pytest.raises(SpecbenchError, match="testkit has no part 'eagle4'; its parts: target, corpus, datastore"):
+        build.resolve_part(kit, "eagle4")
