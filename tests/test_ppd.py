@@ -62,7 +62,8 @@ def heads(targets, tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_equals_baseline(targets, heads, arch):
     target = targets[arch]
-    method = build_method(method_cfg("ppd", head=str(heads[arch])), target, EMPTY)
+    # budget=fixed: every step verifies the preset's k siblings (a measured budget could keep fewer)
+    method = build_method(method_cfg("ppd", head=str(heads[arch]), budget="fixed"), target, EMPTY)
     results = assert_matches_baseline(method, target)
     assert sum(r.stats["accepted_tokens"] for r in results) > 0  # some early guesses were right
     assert all(a <= 2 for r in results for a in r.accept_lengths)  # one guessed token at most, + the bonus
