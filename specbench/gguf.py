@@ -12,7 +12,6 @@ file lock like the zoo. The folder's name is the file's content hash: a changed 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.questions import sha256_of
 
 #: The file a finished conversion writes last (its presence means the folder is complete).
 SOURCE_FILE = "source.json"
@@ -36,12 +36,8 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench"
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+#: the SHA-256 of a file, read in blocks (the one the question download checks with)
+file_sha256 = sha256_of
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
