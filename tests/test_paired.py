@@ -152,7 +152,10 @@ def test_memory_is_measured_per_method_run_in_one_job(schedules):
     _, sps_meta = lane(schedules["interleaved"], "sps")
     base, sps = base_meta["memory"], sps_meta["memory"]
     assert base["phase_peak_bytes"] == sps["phase_peak_bytes"]  # one phase
-    assert sps["resident_bytes"] >= sps["drafter"]["weights_bytes"] > 0 == base["resident_bytes"]
+    assert sps["resident_bytes"] >= sps["drafter"]["weights_bytes"] > 0 == base["drafter"]["weights_bytes"]
+    # the baseline holds no weights of its own; what building it added to the resident set is a few
+    # pages of Python objects at most (measured by RSS, so not exactly 0: CI once saw 12 KiB)
+    assert base["resident_bytes"] < min(sps["drafter"]["weights_bytes"], 1 << 20), (base, sps)
     assert sps["peak_bytes"] > base["peak_bytes"], (sps, base)
     assert "per method run" in sps["measured_by"]
     assert not math.isnan(sps["working_bytes"])
