@@ -97,7 +97,7 @@ leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup 
 REAL_QUESTIONS ?= data/spec_bench/question.jsonl
 REAL_ANSWERS ?= results/answers-real
 REAL_OUT ?= results/real
-REAL_ARGS ?= task=all limit=10 budget=fixed
+REAL_ARGS ?= task=all limit=10 max_new_tokens=64 budget=fixed
 bench-real: install  ## the real-model benchmark: SmolLM2-135M-Instruct, every method, official questions
 	$(PY) -m specbench kit fetch smollm2
 	$(PY) -m specbench kit build smollm2 --parts corpus,datastore,drafts,heads

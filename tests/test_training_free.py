@@ -98,7 +98,7 @@ def test_self_spec_greedy_equals_baseline(targets, arch):
         assert sum(r.stats["drafted_tokens"] for r in results) > 0
 
 
-def test_self_spec_auto_search_is_cached(targets, tmp_path, monkeypatch):
+def test_self_spec_auto_search_is_cached(targets, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = targets["llama"]
     cfg = method_cfg("self_spec", search_prompts=1, search_max_new_tokens=8)
@@ -107,9 +107,13 @@ def test_self_spec_auto_search_is_cached(targets, tmp_path, monkeypatch):
     assert len(files) == 1
     record = json.loads(files[0].read_text())
     assert record["best"] == first.skip_layers and len(record["scores"]) >= 1
+    assert record["seconds"] > 0 and record["dtype"] == "float32" and record["model"] == target.path
+    said = capsys.readouterr().err  # the search's time is printed once, when it runs
+    assert f"self_spec: skip set for {target.path} (float32) searched in {record['seconds']} s" in said
     record["best"] = [0]  # a cached result is used as is
     files[0].write_text(json.dumps(record))
     assert build_method(cfg, target, EMPTY).skip_layers == [0]
+    assert "searched in" not in capsys.readouterr().err
     with pytest.raises(SpecbenchError, match="keep at least one layer"):
         build_method(method_cfg("self_spec", skip_layers=[0, 1]), target, EMPTY)
 

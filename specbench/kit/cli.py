@@ -63,4 +63,23 @@ def kit_main(argv: list[str]) -> int:
             print(f"  {group}: {folder} (built in {card['build_seconds']:.0f} s)")
         else:
             print(f"  {group}: not built (`python -m specbench kit build {kit.name} --parts {group}`)")
+    for found in skip_sets(record["folder"]):
+        took = f" in {found['seconds']:.0f} s" if "seconds" in found else ""
+        print(f"  self_spec skip set ({found.get('dtype', 'dtype not recorded')}): layers {found['best']} "
+              f"(searched{took} on the first self_spec run)")
     return 0
+
+
+def skip_sets(target_folder: str) -> list[dict]:
+    """self_spec's searched skip sets cached for this target (one per dtype and search setting)."""
+    from specbench.methods.self_spec import cache_dir
+
+    found = []
+    for path in sorted(cache_dir().glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and entry.get("model") == target_folder and "best" in entry:
+            found.append(entry)
+    return found

@@ -26,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -431,8 +433,13 @@ def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts
         return [int(i) for i in json.loads(path.read_text())["best"]]
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    start = time.perf_counter()
     found = search_skip_set(target, n_prompts, max_new_tokens, calibration=calibration, **drafter_kwargs)
-    found["model"] = target.path
+    found.update(model=target.path, dtype=str(target.dtype).removeprefix("torch."),
+                 seconds=round(time.perf_counter() - start, 1))
+    print(f"self_spec: skip set for {target.path} ({found['dtype']}) searched in {found['seconds']} s over "
+          f"{len(found['scores'])} candidates: layers {found['best']} skipped (cached in {path})",
+          file=sys.stderr, flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(found, indent=2) + "\n")
