@@ -107,7 +107,7 @@ def test_self_spec_auto_search_is_cached(targets, tmp_path, monkeypatch, capsys)
     assert len(files) == 1
     record = json.loads(files[0].read_text())
     assert record["best"] == first.skip_layers and len(record["scores"]) >= 1
-    assert record["seconds"] > 0 and record["dtype"] == "float32" and record["model"] == target.path
+    assert record["seconds"] >= 0 and record["dtype"] == "float32" and record["model"] == target.path
     said = capsys.readouterr().err  # the search's time is printed once, when it runs
     assert f"self_spec: skip set for {target.path} (float32) searched in {record['seconds']} s" in said
     record["best"] = [0]  # a cached result is used as is

@@ -436,7 +436,7 @@ def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts
     start = time.perf_counter()
     found = search_skip_set(target, n_prompts, max_new_tokens, calibration=calibration, **drafter_kwargs)
     found.update(model=target.path, dtype=str(target.dtype).removeprefix("torch."),
-                 seconds=round(time.perf_counter() - start, 1))
+                 seconds=round(time.perf_counter() - start, 2))
     print(f"self_spec: skip set for {target.path} ({found['dtype']}) searched in {found['seconds']} s over "
           f"{len(found['scores'])} candidates: layers {found['best']} skipped (cached in {path})",
           file=sys.stderr, flush=True)
