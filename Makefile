@@ -93,7 +93,10 @@ leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup 
 # once) with every part its methods need built on this machine (`kit build`: the target's own answers to
 # synthetic instructions, REST's datastore, two distilled drafts, six heads; cached), then the `bench` suite
 # interleaved with the baseline, greedy, on the official Spec-Bench questions (REAL_QUESTIONS; fetched with
-# `data fetch` when absent), REAL_ARGS' subset, and the report (table + Figure 5) under REAL_OUT.
+# `data fetch` when absent), REAL_ARGS' subset, and the report (table + Figure 5) under REAL_OUT. The `audit`
+# suite's `noise` lane (random drafts) rides along: the lossless audit's noise floor for the run's dtype
+# (REAL_ARGS="... dtype=bfloat16" with REAL_ANSWERS / REAL_OUT of its own for a half-precision run).
+comma := ,
 REAL_QUESTIONS ?= data/spec_bench/question.jsonl
 REAL_ANSWERS ?= results/answers-real
 REAL_OUT ?= results/real
@@ -102,7 +105,7 @@ bench-real: install  ## the real-model benchmark: SmolLM2-135M-Instruct, every m
 	$(PY) -m specbench kit fetch smollm2
 	$(PY) -m specbench kit build smollm2 --parts corpus,datastore,drafts,heads
 	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
-	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench))" && \
+	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench)$(comma)$$($(PY) -m specbench methods --names --suite audit))" && \
 	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) method=baseline \
 	    interleave=[$$methods] $(REAL_ARGS) output_dir=$(REAL_ANSWERS)
 	$(PY) -m specbench report $(REAL_ANSWERS) --out $(REAL_OUT)

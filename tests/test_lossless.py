@@ -395,11 +395,12 @@ def draft_tree(kind: str, prev: int, draft_p: torch.Tensor, depth: int) -> Draft
 
 
 def sample_first_tokens(kind: str, params: SamplingParams, verifier, draws: int, n_tokens: int = 3, seed: int = 0,
-                        depth: int = 2, shape=None):
-    """Counts of the first `n_tokens` tokens of `draws` simulated generations with a bigram target.
+                        depth: int = 2, shape=None, dtype: torch.dtype = torch.float32):
+    """Counts of the first `n_tokens` tokens of `draws` simulated generations with a bigram target
+    whose logits (target and draft) are held in `dtype`.
     `shape(tree, prev, p_table)`, when given, changes each draft before verification (what a draft
     budget keeps of it) and `shape.observe(tree, verdict)` hears each verdict."""
-    target_logits, draft_logits = bigram_tables(seed)
+    target_logits, draft_logits = (t.to(dtype) for t in bigram_tables(seed))
     q_table, p_table = probs_from_logits(target_logits, params), probs_from_logits(draft_logits, params)
     torch.manual_seed(seed)
     counts = torch.zeros((VOCAB,) * n_tokens)
@@ -444,18 +445,32 @@ def test_verifier_samples_follow_the_target(kind, params):
     assert chi_square_p(counts, exact) > 1e-3
 
 
+HALF = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", ["chain", "iid", "without_replacement", "deterministic"])
+def test_verifier_samples_follow_a_half_precision_target(kind, dtype):
+    """Logits in bfloat16 / float16 (as a half-precision model gives them): the accept/reject arithmetic
+    (in float32: probs_from_logits) keeps the target's distribution, that of its rounded logits."""
+    counts, exact = sample_first_tokens(kind, SamplingParams(temperature=1.0), verify_sampled, draws=3000, dtype=dtype)
+    assert chi_square_p(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kind", ["chain", "iid"])
-def test_a_biased_verifier_fails_the_same_test(kind):
-    counts, exact = sample_first_tokens(kind, SamplingParams(temperature=1.0), accept_everything, draws=3000)
+def test_a_biased_verifier_fails_the_same_test(kind, dtype):
+    counts, exact = sample_first_tokens(kind, SamplingParams(temperature=1.0), accept_everything, draws=3000,
+                                        dtype=dtype)
     assert chi_square_p(counts, exact) < 1e-6
 
 
 # --- sampling: end to end with tiny-vocabulary models -----------------------------------------
 
 
-def tiny_vocab_model(seed: int, vocab: int = VOCAB, layers: int = 1) -> LoadedModel:
+def tiny_vocab_model(seed: int, vocab: int = VOCAB, layers: int = 1, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """A Llama of `layers` blocks (one by default) over `vocab` tokens with a sharpened head
-    (distinct, peaked distributions)."""
+    (distinct, peaked distributions), in `dtype`."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
@@ -463,7 +478,7 @@ def tiny_vocab_model(seed: int, vocab: int = VOCAB, layers: int = 1) -> LoadedMo
     with torch.no_grad():
         model.lm_head.weight.mul_(15.0)
     tokenizer = SimpleNamespace(eos_token_id=None)
-    return LoadedModel(model, tokenizer, f"tiny-vocab-{seed}", CPU, torch.float32)
+    return LoadedModel(model.to(dtype), tokenizer, f"tiny-vocab-{seed}", CPU, dtype)
 
 
 class FixedTreeDrafter(Drafter):
@@ -511,13 +526,19 @@ def sample_end_to_end(method: SpeculativeMethod, prompt: list[int], params: Samp
     return counts
 
 
-END_TO_END = [("sps", SamplingParams(temperature=1.0), 1500), ("tree", SamplingParams(temperature=1.0), 1500),
-              ("sps", SamplingParams(temperature=0.8, top_k=3, top_p=0.9), 1000)]  # top-k 3: fewer cells
+END_TO_END = [("sps", SamplingParams(temperature=1.0), 1500, torch.float32),
+              ("tree", SamplingParams(temperature=1.0), 1500, torch.float32),
+              ("sps", SamplingParams(temperature=0.8, top_k=3, top_p=0.9), 1000, torch.float32),  # top-k 3: fewer cells
+              ("sps", SamplingParams(temperature=1.0), 1500, torch.bfloat16),  # target and draft in half precision
+              ("tree", SamplingParams(temperature=1.0), 1500, torch.bfloat16)]
 
 
-@pytest.mark.parametrize(("drafter", "params", "draws"), END_TO_END, ids=["sps", "tree", "sps-topk-topp"])
-def test_sampled_generation_follows_the_target(drafter, params, draws):
-    target, draft = tiny_vocab_model(0), tiny_vocab_model(1)
+@pytest.mark.parametrize(("drafter", "params", "draws", "dtype"), END_TO_END,
+                         ids=["sps", "tree", "sps-topk-topp", "sps-bf16", "tree-bf16"])
+def test_sampled_generation_follows_the_target(drafter, params, draws, dtype):
+    """End to end: the exact distribution is the target's own in its dtype (one batched forward),
+    which the engine's multi-row forwards match up to rounding far below what 1500 draws can see."""
+    target, draft = tiny_vocab_model(0, dtype=dtype), tiny_vocab_model(1, dtype=dtype)
     if drafter == "sps":
         made = SpsDrafter(draft, num_tokens=3, vocab_size=VOCAB)
     else:
@@ -529,8 +550,9 @@ def test_sampled_generation_follows_the_target(drafter, params, draws):
     assert chi_square_p(counts, exact) > 1e-3
 
 
-def test_sampled_generation_with_a_biased_verifier_fails(monkeypatch):
-    target, draft = tiny_vocab_model(0), tiny_vocab_model(1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_sampled_generation_with_a_biased_verifier_fails(monkeypatch, dtype):
+    target, draft = tiny_vocab_model(0, dtype=dtype), tiny_vocab_model(1, dtype=dtype)
     params = SamplingParams(temperature=1.0)
     monkeypatch.setattr(engine_loop, "verify", lambda tree, logits, s: accept_everything(
         tree, probs_from_logits(logits, s)))

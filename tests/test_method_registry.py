@@ -78,7 +78,9 @@ def test_builtins_carry_suites(plugin_dir):
     assert builtins == sorted(p.stem for p in (REPO / "configs" / "method").glob("*.yaml"))
     lossy = [n for n in builtins if "LOSSY" in str(reg.facts(n).get("verification", ""))]
     assert lossy == ["specdec_lossy"] and not reg.suites("specdec_lossy")  # a lossy option joins no suite
-    assert reg.names(suite="bench") == [n for n in builtins if n not in lossy]
+    controls = [n for n in builtins if reg.facts(n).get("control")]
+    assert controls == ["noise"] and reg.suites("noise") == ["audit"]  # the audit's noise floor: not a method to rank
+    assert reg.names(suite="bench") == [n for n in builtins if n not in lossy + controls]
     assert set(reg.names(suite="quick")) == QUICK
     assert all(reg.facts(n).get("description") for n in builtins)  # the README table's text
 

@@ -85,7 +85,7 @@ def test_recheck_tells_bug_from_baseline_off(baseline_run, tmp_path):
     assert "fake: 1 greedy answer(s) differ" in gate and "question 1" in gate
     md = (tmp_path / "lb" / "spec_bench-local.md").read_text(encoding="utf-8")
     assert "0/2 equal, 0 near-tie, 2 NOT near-tie; float64 recheck: 1 baseline off, 1 bug" in md
-    assert "float64 recheck: bug)" in md and "float64 recheck: baseline off)" in md
+    assert "float64 recheck: bug; float64 gap" in md and "float64 recheck: baseline off; float64 gap" in md
 
     # The cli, from another folder (the question file is found relative to where the run started).
     elsewhere = tmp_path / "elsewhere"

@@ -126,16 +126,64 @@ def _per_step(values: pd.Series, steps: pd.Series) -> float | None:
     return float(values[recorded].sum() / total) if recorded.any() and total > 0 else None
 
 
+#: the method whose answers are the noise floor of the lossless audit (methods.noise: random drafts)
+NOISE = "noise"
+#: z of the two-sided 95% Wilson interval
+Z95 = 1.959964
+
+
+def run_precision(run: Run | None) -> dict[str, Any]:
+    """What the run measured of its dtype (meta `precision`: engine.precision), or {} if nothing."""
+    found = ((run.meta or {}) if run is not None else {}).get("precision")
+    return found if isinstance(found, dict) else {}
+
+
+def run_dtype(run: Run | None) -> str | None:
+    """The dtype the run decoded in (its identity), None when not recorded."""
+    ident = ((run.meta or {}) if run is not None else {}).get("identity") or {}
+    return str(ident["dtype"]) if isinstance(ident, dict) and ident.get("dtype") else None
+
+
+def tie_rule(tie_margin: float, spread: float | None, dtype: str | None) -> str:
+    """The near-tie rule in words: which margin applied, and why."""
+    if spread is None:
+        return f"--tie-margin {tie_margin:g} (no measured spread recorded)"
+    where = f"measured {dtype} spread {spread:.3g} (one-row vs multi-row forwards)"
+    if spread <= tie_margin:
+        return f"--tie-margin {tie_margin:g} (above the {where})"
+    return f"the {where}, above --tie-margin {tie_margin:g}"
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion k / n ((0, 1) when n is 0)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: float) -> dict[str, Any]:
     """Greedy runs only: which answers equal the baseline's token for token; for each
     mismatch the first diverging position, both answers' tokens there (None where one ended),
-    and whether the baseline's top-2 logit margin there was a numerical near-tie (<= tie_margin)
-    or not (a bug, unless `report --recheck` finds otherwise: see `is_bug`)."""
+    and whether the baseline's top-2 logit margin there was a numerical near-tie or not (a bug,
+    unless `report --recheck` finds otherwise: see `is_bug`). The near-tie margin is the larger
+    of `tie_margin` and the spread the two runs measured for their dtype (meta `precision`: how far
+    one-row and multi-row forwards move a top-2 gap); `rule` says which applied. `rate` and
+    `interval` (95% Wilson) are the share of compared answers that diverge."""
     base_by_run = {r.run: r for r in base_runs}
     compared = equal = 0
     mismatches = []
+    spreads: list[float] = []
+    dtypes: set[str] = set()
     for run in method_runs:
         partner = base_by_run.get(run.run, base_runs[0])
+        measured = [float(p["spread"]) for r in (run, partner) if isinstance((p := run_precision(r)).get("spread"),
+                                                                                (int, float))]
+        spreads += measured
+        dtypes.update(d for r in (run, partner) if (d := run_dtype(r)))
+        margin = max([tie_margin, *measured])
         base = {r["question_id"]: r for r in partner.records}
         for record in run.records:
             ours, ref = record.get(EXTRA_KEY) or {}, (base.get(record["question_id"]) or {}).get(EXTRA_KEY) or {}
@@ -149,13 +197,25 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
             turn, pos = diverge
             ref_stats = ref.get("stats") or []
             margins = ((ref_stats[turn] or {}).get("top2_margin") or []) if turn < len(ref_stats) else []
-            margin = margins[pos] if pos < len(margins) else None
+            top2 = margins[pos] if pos < len(margins) else None
             mismatches.append({
                 "run": run.run, "baseline_run": partner.run, "question_id": record["question_id"], "turn": turn,
-                "position": pos, "margin": margin, "near_tie": margin is not None and margin <= tie_margin,
+                "position": pos, "margin": top2, "near_tie": top2 is not None and top2 <= margin, "tie_margin": margin,
                 "token": _token(ours["output_ids"], turn, pos), "baseline_token": _token(ref["output_ids"], turn, pos),
             })
-    return {"compared": compared, "equal": equal, "mismatches": mismatches, "tie_margin": tie_margin}
+    spread = max(spreads) if spreads else None
+    dtype = "/".join(sorted(dtypes)) or None
+    return {"compared": compared, "equal": equal, "mismatches": mismatches, "tie_margin": tie_margin,
+            "spread": spread, "dtype": dtype, "rule": tie_rule(tie_margin, spread, dtype),
+            "rate": (compared - equal) / compared if compared else None, "interval": wilson(compared - equal, compared)}
+
+
+def above_floor(audit: dict[str, Any] | None, floor: dict[str, Any] | None) -> bool | None:
+    """Whether a method's divergence rate stands above the noise floor's (its 95% interval wholly
+    above the floor's); None when either is missing."""
+    if not audit or not floor or not audit.get("compared") or not floor.get("compared"):
+        return None
+    return audit["interval"][0] > floor["interval"][1]
 
 
 def _token(output_ids: list[list[int]], turn: int, pos: int) -> int | None:

@@ -6,27 +6,35 @@ with the baseline's token b and the method's token m there. The recheck rebuilds
 prompt of that turn (the question file and the model's tokenizer and template recorded in the
 run's meta.json `config`, earlier turns answered by the baseline's recorded text, as the run
 did; the rebuilt prompt must have the recorded `prompt_tokens`), appends the common prefix of
-the two answers, runs the target once on the CPU in float64 and reads its next-token logits z
-(t = argmax z, flip gap g = |z[b] - z[m]|). Verdicts:
+the two answers, and runs the target on the CPU in float64 *with the weights the run had* (loaded
+in the run's dtype, then widened: a bfloat16 run is judged against exact arithmetic on its own
+bfloat16 weights, not against other weights). It reads the next-token logits z (t = argmax z,
+flip gap g = |z[b] - z[m]|), and measures at that very prefix how far the run's own precision
+moves the gap: the same prefix in the run's dtype, scored whole and as a cached prefix plus
+blocks of 1, 8 and 32 rows, each block's gap z'[b] - z'[m] against the float64 one (the local
+error e). The margin is the largest of --tie-margin, the spread the run measured on its device
+(meta `precision`, see engine.precision) and e. Verdicts:
 
 - "numerical": t is neither b nor m (the float64 target agrees with neither continuation), or
-  t = b with g <= tie_margin: the two tokens lie within float noise of a flip, so a run in lower
-  precision (or another kernel order) may pick either;
+  t = b with g <= the margin: the two tokens lie within the arithmetic of the run's precision
+  (or float noise) of a flip, so a forward over other rows may pick either;
 - "baseline off": t = m: the method followed the float64 target and the baseline's own run was
   the one off (numerical too, on the baseline's side);
-- "bug": t = b and g > tie_margin: the float64 target prefers the baseline's token by more than
-  float noise, and the method left it;
+- "bug": t = b and g > the margin: exact arithmetic prefers the baseline's token by more than
+  the precision of the run can move it, and the method left it;
 - "not rechecked: <why>": the question file, the question, the model or the prompt could not be
   rebuilt, an answer ended at the divergence, or `limit` was reached (a warning names each cause
   once per group, with how many mismatches it left unchecked).
 
-tie_margin is the report's `--tie-margin` (logits), the same noise level the near-tie rule uses.
+tie_margin is the report's `--tie-margin` (logits), the floor of the near-tie rule's margin too.
 The analysis layer may import `specbench.models` (layers: models < analysis), so the forward pass
 lives here.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib
 import tempfile
 from collections import Counter
@@ -54,9 +62,11 @@ class Rechecker:
     tie_margin: float = 0.05
     limit: int | None = None  # at most this many mismatches rechecked (forward passes), all groups together
     done: int = 0
-    models: dict[tuple[str, bool], LoadedModel | str] = field(default_factory=dict)  # or why it cannot load
+    models: dict[tuple[str, bool, str], tuple[LoadedModel, LoadedModel] | str] = field(default_factory=dict)
+    # (spec, trust_remote_code, dtype) -> (the run-dtype model, its float64 copy), or why it cannot load
     questions: dict[tuple[str, ...], dict[int, data.Question] | str] = field(default_factory=dict)
-    logits: dict[tuple[str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
+    logits: dict[tuple[str, str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
+    errors: dict[tuple[str, str, tuple[int, ...], int, int], float] = field(default_factory=dict)
 
     def group(self, group: Group) -> None:
         """Set `recheck` on every mismatch of the group's audits; name each cause left unchecked once."""
@@ -90,39 +100,56 @@ class Rechecker:
         cfg = _config(base) or _config(method)
         if cfg is None:
             raise _Skip("no meta.json config to rebuild the prompt from (answers not written by specbench run)")
-        model = self.model(cfg)
+        dtype = _dtype(base) or _dtype(method) or "float32"
+        low, exact = self.model(cfg, dtype)
         question = self.question(cfg, base, m["question_id"])
-        prefix = self.prefix(model, cfg, question, record, m["turn"], m["position"])
-        key = (model.path, tuple(prefix))
+        prefix = self.prefix(exact, cfg, question, record, m["turn"], m["position"])
+        key = (exact.path, dtype, tuple(prefix))
         if key not in self.logits:
             self.done += 1
             try:
-                self.logits[key] = forward(model, prefix)
+                self.logits[key] = forward(exact, prefix)
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory, past the context: this one unchecked
-                raise _Skip(f"the float64 forward of {model.path} failed ({first_line(exc)})") from None
+                raise _Skip(f"the float64 forward of {exact.path} failed ({first_line(exc)})") from None
         z = self.logits[key]
         top = int(z.argmax())
         gap = abs(float(z[b] - z[ours]))
+        error = 0.0
+        if dtype != "float64":
+            error_key = (*key, b, ours)
+            if error_key not in self.errors:
+                try:
+                    self.errors[error_key] = local_error(low, prefix, b, ours, float(z[b] - z[ours]))
+                except Exception as exc:  # noqa: BLE001 - same causes as above
+                    raise _Skip(f"the {dtype} forwards of {exact.path} failed ({first_line(exc)})") from None
+            error = self.errors[error_key]
+        margin = max(self.tie_margin, float(m.get("tie_margin") or 0.0), error)
         if top not in (b, ours):
             verdict = NUMERICAL
         elif top == ours:
             verdict = BASELINE_OFF
         else:
-            verdict = NUMERICAL if gap <= self.tie_margin else BUG
-        return {"recheck": verdict, "recheck_token": top, "recheck_gap": gap}
+            verdict = NUMERICAL if gap <= margin else BUG
+        return {"recheck": verdict, "recheck_token": top, "recheck_gap": gap, "recheck_error": error,
+                "recheck_margin": margin, "recheck_dtype": dtype}
 
-    def model(self, cfg: dict[str, Any]) -> LoadedModel:
+    def model(self, cfg: dict[str, Any], dtype: str) -> tuple[LoadedModel, LoadedModel]:
+        """The run's target in the run's dtype on the CPU, and a float64 copy of exactly those weights."""
         model_cfg = cfg.get("model") or {}
         spec, trust = model_cfg.get("path"), bool(model_cfg.get("trust_remote_code"))
         if not spec:
             raise _Skip("the run's config names no model.path")
-        if (spec, trust) not in self.models:
+        key = (str(spec), trust, dtype)
+        if key not in self.models:
             try:
-                self.models[(spec, trust)] = load_model(str(spec), device=torch.device("cpu"), dtype=torch.float64,
-                                                        trust_remote_code=trust)
+                torch_dtype = getattr(torch, dtype)
+                low = load_model(str(spec), device=torch.device("cpu"), dtype=torch_dtype, trust_remote_code=trust)
+                wide = copy.deepcopy(low.model).to(torch.float64)
+                exact = dataclasses.replace(low, model=wide, dtype=torch.float64)
+                self.models[key] = (low, exact)
             except Exception as exc:  # noqa: BLE001 - any model that cannot load leaves its mismatches unchecked
-                self.models[(spec, trust)] = f"model {spec} cannot be loaded ({first_line(exc)})"
-        loaded = self.models[(spec, trust)]
+                self.models[key] = f"model {spec} cannot be loaded ({first_line(exc)})"
+        loaded = self.models[key]
         if isinstance(loaded, str):
             raise _Skip(loaded)
         return loaded
@@ -165,6 +192,13 @@ class Rechecker:
 
 class _Skip(Exception):
     """Why one mismatch cannot be rechecked."""
+
+
+def _dtype(run: Run | None) -> str | None:
+    """The run's dtype as torch names it ("bfloat16"), from its identity."""
+    ident = ((run.meta or {}) if run is not None else {}).get("identity") or {}
+    value = ident.get("dtype") if isinstance(ident, dict) else None
+    return str(value) if value in ("float32", "float16", "bfloat16", "float64") else None
 
 
 def _config(run: Run | None) -> dict[str, Any] | None:
@@ -210,6 +244,31 @@ def load_questions(dataset: dict[str, Any], run: Run, cfg: dict[str, Any]) -> li
             file.write_text(data.questions_jsonl(generate(int(dataset.get("seed") or 0))), encoding="utf-8")
             return data.load_questions(file)
     raise SpecbenchError(f"question file {path} not found (looked in {', '.join(map(str, candidates))})")
+
+
+#: rows of the last block when `local_error` scores a prefix as cached prefix + block
+ERROR_BLOCKS = (1, 8, 32)
+
+
+@torch.inference_mode()
+def local_error(model: LoadedModel, ids: list[int], b: int, m: int, exact_gap: float) -> float:
+    """How far the model's own precision moves the gap z[b] - z[m] after `ids`: the largest
+    |gap - exact_gap| over the prefix scored whole and as a cached prefix plus a last block of
+    1, 8 and 32 rows (as far as the prefix reaches)."""
+    gaps = [_gap(forward(model, ids), b, m)]
+    for block in ERROR_BLOCKS:
+        if block >= len(ids):
+            continue
+        cache = model.new_cache()
+        model.model(input_ids=torch.tensor([ids[:-block]], device=model.device), cache=cache, use_cache=True,
+                    logits_to_keep=1)
+        out = model.model(input_ids=torch.tensor([ids[-block:]], device=model.device), cache=cache, use_cache=True)
+        gaps.append(_gap(out.logits[0, -1].to(torch.float64), b, m))
+    return max(abs(g - exact_gap) for g in gaps)
+
+
+def _gap(z: torch.Tensor, b: int, m: int) -> float:
+    return float(z[b] - z[m])
 
 
 @torch.inference_mode()

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from specbench.analysis.audit import NOISE  # noqa: E402
 from specbench.analysis.batching import BatchPoint  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
@@ -79,7 +80,8 @@ def _save(fig: plt.Figure, base: Path) -> list[Path]:
 
 
 def _methods(group: Group) -> list[MethodResult]:
-    return [r for r in group.results if r.method != BASELINE]
+    """The methods drawn: all but the baseline and the audit's noise-floor control."""
+    return [r for r in group.results if r.method not in (BASELINE, NOISE)]
 
 
 def figure5(group: Group, base: Path) -> list[Path]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.analysis.audit import RECHECK_VERDICTS, STREAM_PARTS
+from specbench.analysis.audit import NOISE, RECHECK_VERDICTS, STREAM_PARTS, above_floor
 from specbench.analysis.batching import BatchPoint, batch_points
 from specbench.analysis.frame import OVERALL
 from specbench.analysis.report import BASELINE, Group, MethodResult, budget_pairs, contention_note, schedule_note
@@ -29,11 +29,13 @@ DEFINITIONS = (
     "ratios; '-' for methods that record no draft counts. Per-depth acceptance: of the steps whose draft "
     "reached depth d, the share that accepted the token at depth d. Lossless audit (greedy runs): answers "
     "equal to the baseline's token for token; a mismatch is a near-tie when the baseline's top-2 logit margin "
-    "at the first diverging token is within --tie-margin, and `report --recheck` re-runs the target alone in "
-    "float64 there: numerical (float64 picks neither token, or the two tokens' float64 logits lie within "
-    "--tie-margin), baseline off (float64 picks the method's token), bug (float64 picks the baseline's token "
-    "by more than --tie-margin). Tokens are counted from generated token ids. Nodes/step: draft nodes verified "
-    "per decoding step (drafted tokens / steps; a tree counts every node). Efficiency: speedup / #mean accepted "
+    "at the first diverging token is within the larger of --tie-margin and the spread the run measured for its "
+    "dtype (one-row vs multi-row forwards), and `report --recheck` re-runs the target alone in float64 on the "
+    "run's own weights there: numerical (float64 picks neither token, or the two tokens' float64 logits lie "
+    "within the margin, which also covers the dtype's error measured at that prefix), baseline off (float64 "
+    "picks the method's token), bug (float64 picks the baseline's token by more than that). Tokens are counted "
+    "from generated token ids. Nodes/step: draft nodes verified per decoding step (drafted tokens / steps; a "
+    "tree counts every node). Efficiency: speedup / #mean accepted "
     "tokens, the share measured of the speedup a free drafter with one-step verification would reach. "
     "Draft/step and Verify/step: the method's drafting and verification time per decoding step relative to one "
     "baseline decode step of the same group (the baseline's wall time less prefill, per step); the baseline's "
@@ -97,8 +99,13 @@ def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
     wide.insert(len(subtasks) + 1, "rate", table["acceptance_rate"].xs(OVERALL, level="subtask").map(_fmt))
     contended = {r.method for r in group.results if r.contended}
     beside = [[_auto_cell(group, m)] if group.beside else [] for m in wide.index]
-    return headers, [[m, *cells[:-1], cells[-1] + (f" {CONTENDED}" if m in contended else ""), *auto]
+    return headers, [[m + (CONTROL if m == NOISE else ""), *cells[:-1],
+                      cells[-1] + (f" {CONTENDED}" if m in contended else ""), *auto]
                      for m, cells, auto in zip(wide.index, wide.to_numpy().tolist(), beside)]
+
+
+#: after the noise lane's name in the speed table: it is the lossless audit's control, not a method to rank
+CONTROL = " (audit control)"
 
 
 #: marks the Overall speedup of a method measured while other processes loaded the machine
@@ -168,9 +175,81 @@ def _audit(r: MethodResult) -> str:
     return text
 
 
+def _rate(a: dict[str, Any]) -> str:
+    """'k/n (lo-hi%)': the answers that diverge, with the 95% Wilson interval of their share."""
+    lo, hi = a["interval"]
+    return f"{a['compared'] - a['equal']}/{a['compared']} ({lo:.0%}-{hi:.0%})"
+
+
+def noise_floor(group: Group) -> dict[str, Any] | None:
+    """The audit of the group's `noise` lane (methods.noise): the noise floor; None without one."""
+    return next((r.audit for r in group.results if r.method == NOISE and r.audit), None)
+
+
+def audit_rule(group: Group) -> str | None:
+    """The near-tie rule the group's audits used (the one with the largest measured spread)."""
+    audits = [r.audit for r in group.results if r.audit]
+    if not audits:
+        return None
+    return max(audits, key=lambda a: a.get("spread") or 0.0).get("rule")
+
+
+def audit_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
+    """Per audited method: equal answers, the share that diverges beside the noise floor's, and what
+    the divergences are (near-tie rule; float64 recheck when it ran). None without greedy audits."""
+    audited = [r for r in group.results if r.audit is not None and r.audit.get("compared")]
+    if not audited:
+        return None
+    floor = noise_floor(group)
+    rows = []
+    for r in audited:
+        a = r.audit
+        verdicts = Counter(m.get("recheck", "not rechecked") for m in a["mismatches"])
+        recheck = ", ".join(f"{verdicts[v]} {v}" for v in RECHECK_VERDICTS if verdicts[v]) if any(
+            "recheck" in m for m in a["mismatches"]) else "-"
+        near = sum(m["near_tie"] for m in a["mismatches"])
+        above = above_floor(a, floor) if r.method != NOISE else None
+        rows.append([r.method + (" (noise floor)" if r.method == NOISE else ""), f"{a['equal']}/{a['compared']}",
+                     _rate(a), f"{near} / {len(a['mismatches']) - near}", recheck,
+                     "-" if above is None else ("ABOVE" if above else "within")])
+    return ["Method", "Equal", "Diverge (95% CI)", "Near-tie / not", "float64 recheck", "vs noise floor"], rows
+
+
+AUDIT_NOTE = (
+    "Lossless audit of greedy answers against the baseline's, token for token. Diverge: answers that leave the "
+    "baseline's somewhere, with the 95% Wilson interval of their share. The noise floor is the `noise` lane "
+    "(random drafts, so its tokens are the baseline's computed in forwards of 1-60 rows): how often the "
+    "arithmetic of this dtype alone moves an answer; 'ABOVE' marks a method whose interval lies wholly above "
+    "the floor's. Near-tie: the baseline's top-2 logit margin at the first diverging token is within the rule's "
+    "margin. float64 recheck (`report --recheck`): exact arithmetic on the run's own weights; numerical or "
+    "baseline off = explained by precision, bug = the baseline's token wins by more than the run's precision "
+    "can move it (the margin: the largest of --tie-margin, the run's measured spread and the error of its dtype "
+    "measured at that prefix).")
+
+
 def audit_lines(group: Group) -> list[str]:
-    """One line per method whose greedy answers left the baseline's: its audit cell."""
-    return [f"lossless audit, {r.method}: {_audit(r)}" for r in group.results if (r.audit or {}).get("mismatches")]
+    """The near-tie rule, then one line per method whose greedy answers left the baseline's: its audit
+    cell, and its divergence beside the noise floor when the group has one."""
+    floor = noise_floor(group)
+    lines = []
+    for r in group.results:
+        if not (r.audit or {}).get("mismatches"):
+            continue
+        text = f"lossless audit, {r.method}: {_audit(r)}"
+        if floor is not None and r.method != NOISE:
+            text += f"; diverge {_rate(r.audit)} vs noise floor {_rate(floor)}" + (
+                " ABOVE the floor" if above_floor(r.audit, floor) else "")
+        lines.append(text)
+    if lines and (rule := audit_rule(group)):
+        lines.insert(0, f"lossless audit: near-tie margin: {rule}")
+    return lines
+
+
+def _recheck_numbers(m: dict[str, Any]) -> str:
+    """The recheck's float64 gap against the margin it was held to, where it ran."""
+    if "recheck_gap" not in m or "recheck_margin" not in m:
+        return ""
+    return f"; float64 gap {m['recheck_gap']:.3g} vs margin {m['recheck_margin']:.3g}"
 
 
 def _verdict(m: dict[str, Any]) -> str:
@@ -373,13 +452,16 @@ def render_markdown(group: Group) -> str:
         parts += ["", "## Draft budgets: auto against fixed", "", markdown(*budgets), "", BUDGET_NOTE]
     if (stream := stream_table(group)) is not None:
         parts += ["", "## Acceptance across the question stream", "", markdown(*stream), "", STREAM_NOTE]
+    if (audits := audit_table(group)) is not None and any(r.audit and r.audit["mismatches"] for r in group.results):
+        parts += ["", "## Lossless audit", "", f"Near-tie margin: {audit_rule(group)}.", "", markdown(*audits), "",
+                  AUDIT_NOTE]
     if group.problems:
         parts += ["", "## Problems", "", *[f"- {p}" for p in group.problems]]
     for r in group.results:
         for m in (r.audit or {}).get("mismatches", [])[:10]:
             parts.append(f"- {r.method}: question {m['question_id']} run {m['run']} turn {m['turn'] + 1} diverges at "
                          f"token {m['position']} (baseline top-2 margin {m['margin']}; "
-                         f"{_verdict(m)})")
+                         f"{_verdict(m)}{_recheck_numbers(m)})")
     return "\n".join(parts) + "\n"
 
 

@@ -169,6 +169,9 @@ def check_values(cfg: DictConfig) -> None:
     lanes = cfg.get("interleave") or []
     if not isinstance(lanes, (list, ListConfig)) or not all(isinstance(x, str) and x for x in lanes):
         fail(f"interleave must be a list of method names, e.g. interleave=[sps,pld], got {lanes!r}")
+    if not _is_int(cfg.get("precision_probe", 0)) or cfg.get("precision_probe", 0) < 0:
+        fail(f"precision_probe must be an integer >= 0 (greedy tokens per prompt; 0 = off), "
+             f"got {cfg.precision_probe!r}")
     if not _is_int(cfg.warmup) or cfg.warmup < 0:
         fail(f"warmup must be an integer >= 0, got {cfg.warmup!r}")
     if not _is_int(cfg.seed) or not 0 <= cfg.seed < 2**63:

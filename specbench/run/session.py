@@ -46,6 +46,7 @@ from specbench.core.timing import Timer, Timing, timer_for
 from specbench.engine.api import GenerationResult, Method, Request, Requests
 from specbench.engine.batch import batch_problem
 from specbench.engine.budget import BUDGET_MODES
+from specbench.engine.precision import measure_spread
 from specbench.engine.target import model_context
 from specbench.models import load_model, resolve_device, resolve_dtype
 from specbench.run.config import BOTH, SEQUENTIAL, check_values, compose_method, in_run, selected_subtasks
@@ -212,6 +213,7 @@ class Session:
         self.labels: list[str] = []  # the method runs' names, as filed (<name>-fixed under budget=fixed)
         self.memory = MemoryProbe(device)
         self.resident: dict[str, int] = {}  # the loaded method runs' resident bytes (their growth when built)
+        self.precision: dict[str, Any] | None = None  # measure_spread's record, once per session (meta `precision`)
 
     def run_dir(self, method_name: str, run: int) -> Path:
         c = self.cfg
@@ -236,6 +238,7 @@ class Session:
             grew = after - before if after is not None and before is not None else 0
             self.resident[method_label(c)] = max(grew, weights)
         self.labels.extend(method_label(c) for c in cfgs)
+        self.measure_precision()
         for method, c in zip(methods, cfgs, strict=True):
             if self.batch_size > 1 and method.batch_problem is not None:
                 raise SpecbenchError(f"method '{c.name}' cannot run batched: {method.batch_problem}; run it with "
@@ -243,6 +246,26 @@ class Session:
             method.prepare(self.batch_size)  # untimed: e.g. the draft budget's cost curve for this device
         for run in range(1, int(self.cfg.runs) + 1):
             self.run_once(list(zip(methods, cfgs, strict=True)), run)
+
+    def measure_precision(self) -> None:
+        """Untimed, once: how far this dtype on this device moves the target's top-2 logit gaps between
+        one-row and multi-row forwards (engine.precision), over the first turn of the first two
+        questions; printed, and written to every lane's meta as `precision`."""
+        tokens = int(self.cfg.get("precision_probe", 0) or 0)
+        if self.precision is not None or tokens < 2:
+            return
+        prompts = []
+        for question in self.questions[:2]:
+            ids = self.prompt(question, 0, [])
+            if self.context is None or len(ids) + tokens <= self.context:
+                prompts.append(torch.tensor([ids]))
+        if not prompts:
+            return
+        self.precision = measure_spread(self.target, prompts, new_tokens=tokens)
+        p = self.precision
+        print(f"precision: {p['dtype']} on {p['device']}: one-row vs multi-row forwards move a top-2 logit gap by up "
+              f"to {p['spread']:.3g} ({p['positions']} positions over {len(p['shapes'])} shapes, {p['flips']} argmax "
+              f"flips, {p['seconds']:.1f} s)", file=sys.stderr)
 
     def run_once(self, pairs: list[tuple[Method, DictConfig]], run: int) -> None:
         folders = [self.run_dir(method_label(c), run) for _, c in pairs]
@@ -277,6 +300,8 @@ class Session:
             "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
             "started": time.time(),
         }
+        if self.precision is not None:
+            meta["precision"] = self.precision
         write_meta(folder / META, meta)
         return Lane(method, name, run, folder, todo, meta, previous, Outcome(label, folder, len(todo), len(done)))
 
