@@ -23,9 +23,9 @@ from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
 class NoiseSettings:
     """`method=noise`."""
 
-    rows: list[int] = field(default_factory=lambda: [1, 4, 16, 60])  # draft nodes per step, in turn
-    tree_every: int = field(default=2, metadata={"min": 0})  # every n-th step a random tree (0 = chains only)
-    seed: int = field(default=0, metadata={"min": 0})  # of the random tokens (the sampling generator is untouched)
+    rows: list[int]  # draft nodes per step, in turn
+    tree_every: int = field(metadata={"min": 0})  # every n-th step a random tree (0 = chains only)
+    seed: int = field(metadata={"min": 0})  # of the random tokens (the sampling generator is untouched)
 
 
 class NoiseDrafter(Drafter):
