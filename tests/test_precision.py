@@ -105,6 +105,7 @@ def test_the_near_tie_margin_is_the_measured_spread_when_larger():
     assert m["near_tie"] and m["tie_margin"] == 0.3 and not is_bug(m)
     assert "measured bfloat16 spread 0.3" in measured["rule"]
     assert measured["rate"] == 0.5 and measured["interval"] == wilson(1, 2)
+    assert measured["tokens"] == 3 + 4 and measured["token_rate"] == 1 / 7  # up to the divergence, then all of q2
     # without a measured spread (runs of older versions) the fixed margin applies: not a near-tie
     fixed = lossless_audit([fake_run("pld", ours, margins)], [fake_run("baseline", base, margins)], 0.05)
     (m,) = fixed["mismatches"]
@@ -113,6 +114,11 @@ def test_the_near_tie_margin_is_the_measured_spread_when_larger():
     floor = {"compared": 60, "equal": 58, "interval": wilson(2, 60)}
     assert above_floor({"compared": 60, "equal": 30, "interval": wilson(30, 60)}, floor)
     assert not above_floor({"compared": 60, "equal": 57, "interval": wilson(3, 60)}, floor)
+    # in half precision most answers diverge somewhere: per token compared, a method that diverges early stands out
+    floor = {"compared": 60, "equal": 10, "interval": wilson(50, 60), "tokens": 3000,
+             "token_interval": wilson(50, 3000)}
+    early = {"compared": 60, "equal": 5, "interval": wilson(55, 60), "tokens": 600, "token_interval": wilson(55, 600)}
+    assert early["interval"][0] < floor["interval"][1] and above_floor(early, floor)
 
 
 @pytest.fixture(scope="module")

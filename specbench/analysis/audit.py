@@ -171,9 +171,11 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
     unless `report --recheck` finds otherwise: see `is_bug`). The near-tie margin is the larger
     of `tie_margin` and the spread the two runs measured for their dtype (meta `precision`: how far
     one-row and multi-row forwards move a top-2 gap); `rule` says which applied. `rate` and
-    `interval` (95% Wilson) are the share of compared answers that diverge."""
+    `interval` (95% Wilson) are the share of compared answers that diverge; `token_rate` and
+    `token_interval` the divergences per token compared (each answer counted up to its first
+    divergence): the sharper measure in half precision, where most long answers diverge somewhere."""
     base_by_run = {r.run: r for r in base_runs}
-    compared = equal = 0
+    compared = equal = tokens = 0  # tokens: compared up to and including each answer's first divergence
     mismatches = []
     spreads: list[float] = []
     dtypes: set[str] = set()
@@ -193,8 +195,10 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
             diverge = first_divergence(ours["output_ids"], ref["output_ids"])
             if diverge is None:
                 equal += 1
+                tokens += sum(len(ids) for ids in ref["output_ids"])
                 continue
             turn, pos = diverge
+            tokens += sum(len(ids) for ids in ref["output_ids"][:turn]) + pos + 1
             ref_stats = ref.get("stats") or []
             margins = ((ref_stats[turn] or {}).get("top2_margin") or []) if turn < len(ref_stats) else []
             top2 = margins[pos] if pos < len(margins) else None
@@ -207,15 +211,19 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
     dtype = "/".join(sorted(dtypes)) or None
     return {"compared": compared, "equal": equal, "mismatches": mismatches, "tie_margin": tie_margin,
             "spread": spread, "dtype": dtype, "rule": tie_rule(tie_margin, spread, dtype),
-            "rate": (compared - equal) / compared if compared else None, "interval": wilson(compared - equal, compared)}
+            "rate": (compared - equal) / compared if compared else None, "interval": wilson(compared - equal, compared),
+            "tokens": tokens, "token_rate": (compared - equal) / tokens if tokens else None,
+            "token_interval": wilson(compared - equal, tokens)}
 
 
 def above_floor(audit: dict[str, Any] | None, floor: dict[str, Any] | None) -> bool | None:
-    """Whether a method's divergence rate stands above the noise floor's (its 95% interval wholly
-    above the floor's); None when either is missing."""
+    """Whether a method diverges more often than the noise floor: its 95% interval of divergences per
+    token compared wholly above the floor's (per answer for audits without token counts); None when
+    either is missing."""
     if not audit or not floor or not audit.get("compared") or not floor.get("compared"):
         return None
-    return audit["interval"][0] > floor["interval"][1]
+    key = "token_interval" if audit.get("tokens") and floor.get("tokens") else "interval"
+    return audit[key][0] > floor[key][1]
 
 
 def _token(output_ids: list[list[int]], turn: int, pos: int) -> int | None:

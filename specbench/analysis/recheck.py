@@ -9,11 +9,13 @@ did; the rebuilt prompt must have the recorded `prompt_tokens`), appends the com
 the two answers, and runs the target on the CPU in float64 *with the weights the run had* (loaded
 in the run's dtype, then widened: a bfloat16 run is judged against exact arithmetic on its own
 bfloat16 weights, not against other weights). It reads the next-token logits z (t = argmax z,
-flip gap g = |z[b] - z[m]|), and measures at that very prefix how far the run's own precision
-moves the gap: the same prefix in the run's dtype, scored whole and as a cached prefix plus
-blocks of 1, 8 and 32 rows, each block's gap z'[b] - z'[m] against the float64 one (the local
-error e). The margin is the largest of --tie-margin, the spread the run measured on its device
-(meta `precision`, see engine.precision) and e. Verdicts:
+flip gap g = |z[b] - z[m]|), and measures at that very place how far the run's own precision
+moves the gap: the baseline's turn in the run's dtype, scored in one forward and as the prompt
+plus the answer in blocks of 1, 8 and 32 rows, each shape's gap z'[b] - z'[m] against the float64
+one (the local error e). The logits of a turn are computed once for all its divergences (one
+forward over prompt + the baseline's whole answer per shape: causal, so a position's float64
+logits do not depend on the tokens after it). The margin is the largest of --tie-margin, the
+spread the run measured on its device (meta `precision`, see engine.precision) and e. Verdicts:
 
 - "numerical": t is neither b nor m (the float64 target agrees with neither continuation), or
   t = b with g <= the margin: the two tokens lie within the arithmetic of the run's precision
@@ -65,22 +67,23 @@ class Rechecker:
     models: dict[tuple[str, bool, str], tuple[LoadedModel, LoadedModel] | str] = field(default_factory=dict)
     # (spec, trust_remote_code, dtype) -> (the run-dtype model, its float64 copy), or why it cannot load
     questions: dict[tuple[str, ...], dict[int, data.Question] | str] = field(default_factory=dict)
-    logits: dict[tuple[str, str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
-    errors: dict[tuple[str, str, tuple[int, ...], int, int], float] = field(default_factory=dict)
+    turn: tuple[tuple[str, str, tuple[int, ...]], dict[str, torch.Tensor]] | None = None  # the last turn's rows
 
     def group(self, group: Group) -> None:
         """Set `recheck` on every mismatch of the group's audits; name each cause left unchecked once."""
         base_runs = {run.run: run for run in group.methods.get(BASELINE, []) if run.records}
         skipped: Counter = Counter()
-        for result in group.results:
-            for m in (result.audit or {}).get("mismatches", []):
-                base = base_runs.get(m.get("baseline_run", m["run"]))
-                method = next((r for r in group.methods.get(result.method, []) if r.run == m["run"]), None)
-                try:
-                    m.update(self.mismatch(m, base, method))
-                except _Skip as why:
-                    m["recheck"] = NOT_RECHECKED + str(why)
-                    skipped[str(why)] += 1
+        todo = [(result, m) for result in group.results for m in (result.audit or {}).get("mismatches", [])]
+        # the baseline's turns in order, so each turn's logits are computed once (`turn_logits` keeps the last)
+        todo.sort(key=lambda rm: (rm[1].get("baseline_run", rm[1]["run"]), rm[1]["question_id"], rm[1]["turn"]))
+        for result, m in todo:
+            base = base_runs.get(m.get("baseline_run", m["run"]))
+            method = next((r for r in group.methods.get(result.method, []) if r.run == m["run"]), None)
+            try:
+                m.update(self.mismatch(m, base, method))
+            except _Skip as why:
+                m["recheck"] = NOT_RECHECKED + str(why)
+                skipped[str(why)] += 1
         for why, n in skipped.items():
             group.problems.append(f"{group.title}: float64 recheck: {why} ({n} mismatch(es) not rechecked)")
 
@@ -103,26 +106,24 @@ class Rechecker:
         dtype = _dtype(base) or _dtype(method) or "float32"
         low, exact = self.model(cfg, dtype)
         question = self.question(cfg, base, m["question_id"])
-        prefix = self.prefix(exact, cfg, question, record, m["turn"], m["position"])
-        key = (exact.path, dtype, tuple(prefix))
-        if key not in self.logits:
-            self.done += 1
+        answer = list((record.get(EXTRA_KEY) or {})["output_ids"][m["turn"]])
+        ids = self.prefix(exact, cfg, question, record, m["turn"], len(answer))
+        self.done += 1
+        key = (exact.path, dtype, tuple(ids))
+        if self.turn is None or self.turn[0] != key:
+            self.turn = None  # free the last turn's rows first
             try:
-                self.logits[key] = forward(exact, prefix)
-            except Exception as exc:  # noqa: BLE001 - e.g. out of memory, past the context: this one unchecked
-                raise _Skip(f"the float64 forward of {exact.path} failed ({first_line(exc)})") from None
-        z = self.logits[key]
+                self.turn = (key, turn_logits(low, exact, ids, len(answer)))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory, past the context: this turn unchecked
+                raise _Skip(f"the float64 and {dtype} forwards of {exact.path} failed ({first_line(exc)})") from None
+        rows = self.turn[1]
+        pos = m["position"]
+        z = rows["float64"][pos]
         top = int(z.argmax())
-        gap = abs(float(z[b] - z[ours]))
-        error = 0.0
-        if dtype != "float64":
-            error_key = (*key, b, ours)
-            if error_key not in self.errors:
-                try:
-                    self.errors[error_key] = local_error(low, prefix, b, ours, float(z[b] - z[ours]))
-                except Exception as exc:  # noqa: BLE001 - same causes as above
-                    raise _Skip(f"the {dtype} forwards of {exact.path} failed ({first_line(exc)})") from None
-            error = self.errors[error_key]
+        exact_gap = float(z[b] - z[ours])
+        gap = abs(exact_gap)
+        error = max(abs(float(low_rows[pos, b] - low_rows[pos, ours]) - exact_gap)
+                    for shape, low_rows in rows.items() if shape != "float64")
         margin = max(self.tie_margin, float(m.get("tie_margin") or 0.0), error)
         if top not in (b, ours):
             verdict = NUMERICAL
@@ -246,36 +247,38 @@ def load_questions(dataset: dict[str, Any], run: Run, cfg: dict[str, Any]) -> li
     raise SpecbenchError(f"question file {path} not found (looked in {', '.join(map(str, candidates))})")
 
 
-#: rows of the last block when `local_error` scores a prefix as cached prefix + block
+#: rows per forward with which `turn_logits` scores an answer on top of its cached prompt
 ERROR_BLOCKS = (1, 8, 32)
 
 
 @torch.inference_mode()
-def local_error(model: LoadedModel, ids: list[int], b: int, m: int, exact_gap: float) -> float:
-    """How far the model's own precision moves the gap z[b] - z[m] after `ids`: the largest
-    |gap - exact_gap| over the prefix scored whole and as a cached prefix plus a last block of
-    1, 8 and 32 rows (as far as the prefix reaches)."""
-    gaps = [_gap(forward(model, ids), b, m)]
+def turn_logits(low: LoadedModel, exact: LoadedModel, ids: list[int], n: int) -> dict[str, torch.Tensor]:
+    """The next-token logits (n, V) at each of the last n tokens' places of `ids` (prompt + the
+    baseline's answer of n tokens: row j is the distribution of answer token j): "float64" from
+    `exact` in one forward (causal: in float64 a row does not depend on the rows after it), and in
+    the run's dtype from `low` in one forward ("whole") and as the prompt in one forward, then the
+    answer in blocks of 1, 8 and 32 rows on its cache ("1 rows", ...): the shapes whose spread
+    bounds what that dtype can move."""
+    start = len(ids) - n
+    out = {"float64": _rows(exact, ids, n), "whole": _rows(low, ids, n).float()}
     for block in ERROR_BLOCKS:
-        if block >= len(ids):
-            continue
-        cache = model.new_cache()
-        model.model(input_ids=torch.tensor([ids[:-block]], device=model.device), cache=cache, use_cache=True,
-                    logits_to_keep=1)
-        out = model.model(input_ids=torch.tensor([ids[-block:]], device=model.device), cache=cache, use_cache=True)
-        gaps.append(_gap(out.logits[0, -1].to(torch.float64), b, m))
-    return max(abs(g - exact_gap) for g in gaps)
+        cache = low.new_cache()
+        first = low.model(input_ids=torch.tensor([ids[:start]], device=low.device), cache=cache, use_cache=True,
+                          logits_to_keep=1).logits[0, -1:]
+        rows = [first.float()]
+        feed = ids[start : len(ids) - 1]
+        for at in range(0, len(feed), block):
+            step = low.model(input_ids=torch.tensor([feed[at : at + block]], device=low.device), cache=cache,
+                             use_cache=True).logits[0]
+            rows.append(step.float())
+        out[f"{block} rows"] = torch.cat(rows)
+    return out
 
 
-def _gap(z: torch.Tensor, b: int, m: int) -> float:
-    return float(z[b] - z[m])
-
-
-@torch.inference_mode()
-def forward(model: LoadedModel, ids: list[int]) -> torch.Tensor:
-    """The target's next-token logits after `ids` (one forward, no cache), in its dtype."""
-    out = model.model(input_ids=torch.tensor([ids], device=model.device), use_cache=False, logits_to_keep=1)
-    return out.logits[0, -1].to(torch.float64)
+def _rows(model: LoadedModel, ids: list[int], n: int) -> torch.Tensor:
+    """Logits (n, V) of the positions before each of the last n tokens, one forward without a cache."""
+    out = model.model(input_ids=torch.tensor([ids[:-1]], device=model.device), use_cache=False, logits_to_keep=n)
+    return out.logits[0]
 
 
 def recheck_groups(groups: list[Group], *, tie_margin: float = 0.05, limit: int | None = None) -> Rechecker:

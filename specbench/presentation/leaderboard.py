@@ -181,6 +181,14 @@ def _rate(a: dict[str, Any]) -> str:
     return f"{a['compared'] - a['equal']}/{a['compared']} ({lo:.0%}-{hi:.0%})"
 
 
+def _per_token(a: dict[str, Any]) -> str:
+    """Divergences per 1,000 tokens compared, with the 95% Wilson interval."""
+    if not a.get("tokens"):
+        return "-"
+    lo, hi = a["token_interval"]
+    return f"{1000 * a['token_rate']:.2f} ({1000 * lo:.2f}-{1000 * hi:.2f})"
+
+
 def noise_floor(group: Group) -> dict[str, Any] | None:
     """The audit of the group's `noise` lane (methods.noise): the noise floor; None without one."""
     return next((r.audit for r in group.results if r.method == NOISE and r.audit), None)
@@ -210,17 +218,20 @@ def audit_table(group: Group) -> tuple[list[str], list[list[str]]] | None:
         near = sum(m["near_tie"] for m in a["mismatches"])
         above = above_floor(a, floor) if r.method != NOISE else None
         rows.append([r.method + (" (noise floor)" if r.method == NOISE else ""), f"{a['equal']}/{a['compared']}",
-                     _rate(a), f"{near} / {len(a['mismatches']) - near}", recheck,
+                     _rate(a), _per_token(a), f"{near} / {len(a['mismatches']) - near}", recheck,
                      "-" if above is None else ("ABOVE" if above else "within")])
-    return ["Method", "Equal", "Diverge (95% CI)", "Near-tie / not", "float64 recheck", "vs noise floor"], rows
+    return ["Method", "Equal", "Diverge (95% CI)", "Per 1k tokens (95% CI)", "Near-tie / not", "float64 recheck",
+            "vs noise floor"], rows
 
 
 AUDIT_NOTE = (
     "Lossless audit of greedy answers against the baseline's, token for token. Diverge: answers that leave the "
-    "baseline's somewhere, with the 95% Wilson interval of their share. The noise floor is the `noise` lane "
-    "(random drafts, so its tokens are the baseline's computed in forwards of 1-60 rows): how often the "
-    "arithmetic of this dtype alone moves an answer; 'ABOVE' marks a method whose interval lies wholly above "
-    "the floor's. Near-tie: the baseline's top-2 logit margin at the first diverging token is within the rule's "
+    "baseline's somewhere, with the 95% Wilson interval of their share; per 1k tokens: first divergences per "
+    "1,000 tokens compared (each answer counted up to its first divergence), the sharper measure where most "
+    "long answers diverge somewhere. The noise floor is the `noise` lane (random drafts, so its tokens are the "
+    "baseline's computed in forwards of 1-60 rows): how often the arithmetic of this dtype alone moves an "
+    "answer; 'ABOVE' marks a method whose per-token interval lies wholly above the floor's. Near-tie: the "
+    "baseline's top-2 logit margin at the first diverging token is within the rule's "
     "margin. float64 recheck (`report --recheck`): exact arithmetic on the run's own weights; numerical or "
     "baseline off = explained by precision, bug = the baseline's token wins by more than the run's precision "
     "can move it (the margin: the largest of --tie-margin, the run's measured spread and the error of its dtype "
@@ -237,7 +248,8 @@ def audit_lines(group: Group) -> list[str]:
             continue
         text = f"lossless audit, {r.method}: {_audit(r)}"
         if floor is not None and r.method != NOISE:
-            text += f"; diverge {_rate(r.audit)} vs noise floor {_rate(floor)}" + (
+            text += (f"; diverge {_rate(r.audit)}, {_per_token(r.audit)} per 1k tokens vs noise floor "
+                     f"{_rate(floor)}, {_per_token(floor)}") + (
                 " ABOVE the floor" if above_floor(r.audit, floor) else "")
         lines.append(text)
     if lines and (rule := audit_rule(group)):
