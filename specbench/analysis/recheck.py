@@ -46,12 +46,13 @@ from typing import Any
 
 import torch
 
-from specbench.analysis.audit import BASELINE_OFF, BUG, NUMERICAL
+from specbench.analysis.audit import BASELINE_OFF, BUG, NUMERICAL, run_dtype
 from specbench.analysis.runs import BASELINE, Group, Run
 from specbench.core import questions as data
 from specbench.core.answers import EXTRA_KEY
 from specbench.core.errors import SpecbenchError
 from specbench.core.prompts import prompt_ids
+from specbench.engine.precision import block_pass
 from specbench.models import LoadedModel, first_line, load_model
 
 NOT_RECHECKED = "not rechecked: "
@@ -103,7 +104,7 @@ class Rechecker:
         cfg = _config(base) or _config(method)
         if cfg is None:
             raise _Skip("no meta.json config to rebuild the prompt from (answers not written by specbench run)")
-        dtype = _dtype(base) or _dtype(method) or "float32"
+        dtype = run_dtype(base) or run_dtype(method) or "float32"
         low, exact = self.model(cfg, dtype)
         question = self.question(cfg, base, m["question_id"])
         answer = list((record.get(EXTRA_KEY) or {})["output_ids"][m["turn"]])
@@ -195,13 +196,6 @@ class _Skip(Exception):
     """Why one mismatch cannot be rechecked."""
 
 
-def _dtype(run: Run | None) -> str | None:
-    """The run's dtype as torch names it ("bfloat16"), from its identity."""
-    ident = ((run.meta or {}) if run is not None else {}).get("identity") or {}
-    value = ident.get("dtype") if isinstance(ident, dict) else None
-    return str(value) if value in ("float32", "float16", "bfloat16", "float64") else None
-
-
 def _config(run: Run | None) -> dict[str, Any] | None:
     cfg = (run.meta or {}).get("config") if run is not None else None
     return cfg if isinstance(cfg, dict) and cfg.get("model") and cfg.get("dataset") else None
@@ -259,19 +253,10 @@ def turn_logits(low: LoadedModel, exact: LoadedModel, ids: list[int], n: int) ->
     the run's dtype from `low` in one forward ("whole") and as the prompt in one forward, then the
     answer in blocks of 1, 8 and 32 rows on its cache ("1 rows", ...): the shapes whose spread
     bounds what that dtype can move."""
-    start = len(ids) - n
+    prompt = torch.tensor([ids[: len(ids) - n]], device=low.device)
     out = {"float64": _rows(exact, ids, n), "whole": _rows(low, ids, n).float()}
     for block in ERROR_BLOCKS:
-        cache = low.new_cache()
-        first = low.model(input_ids=torch.tensor([ids[:start]], device=low.device), cache=cache, use_cache=True,
-                          logits_to_keep=1).logits[0, -1:]
-        rows = [first.float()]
-        feed = ids[start : len(ids) - 1]
-        for at in range(0, len(feed), block):
-            step = low.model(input_ids=torch.tensor([feed[at : at + block]], device=low.device), cache=cache,
-                             use_cache=True).logits[0]
-            rows.append(step.float())
-        out[f"{block} rows"] = torch.cat(rows)
+        out[f"{block} rows"] = block_pass(low, prompt, ids[len(ids) - n :], block)
     return out
 
 

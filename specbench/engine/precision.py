@@ -55,11 +55,12 @@ def one_row_pass(target: LoadedModel, prompt: torch.Tensor, new_tokens: int) -> 
 @torch.inference_mode()
 def block_pass(target: LoadedModel, prompt: torch.Tensor, tokens: list[int], block: int,
                scorer: TargetScorer | None = None) -> torch.Tensor:
-    """The same positions as `one_row_pass`, scored in forwards of `block` rows on top of the cache
-    (through the tree path's 4D mask when a scorer is given): logits (len(tokens) - 1, V)."""
+    """`tokens` after the prompt, scored as the prompt in one forward and then the tokens in forwards of
+    `block` rows on its cache (through the tree path's 4D mask when a scorer is given): logits
+    (len(tokens), V), row i the distribution of tokens[i] (row 0 from the prompt's forward)."""
     model, cache = target.model, target.new_cache()
-    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
-    past, feed, rows = int(prompt.shape[1]), tokens[:-1], []
+    first = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+    past, feed, rows = int(prompt.shape[1]), tokens[:-1], [first.float()]
     for start in range(0, len(feed), block):
         chunk = feed[start : start + block]
         if scorer is not None:
@@ -83,18 +84,17 @@ def measure_spread(target: LoadedModel, prompts: list[torch.Tensor], new_tokens:
     scorer = TargetScorer(target.model, target.device, target.dtype)
     shapes: list[tuple[str, int]] = [("chain", b) for b in blocks]
     largest = max(blocks)
-    spread, positions, flips, tree = 0.0, 0, 0, False
+    spread, positions, flips = 0.0, 0, 0
+    tree = bool(prompts) and scorer.tree_support(target.new_cache())
     for prompt in prompts:
         prompt = prompt.to(target.device)
         tokens, one = one_row_pass(target, prompt, new_tokens)
         if not len(one):
             continue
-        cache = target.new_cache()
-        tree = scorer.tree_support(cache)
         top2 = one.topk(2, dim=-1).indices
         base = _gaps(one, top2)
         for kind, block in shapes + ([("tree", largest)] if tree else []):
-            other = block_pass(target, prompt, tokens, block, scorer if kind == "tree" else None)
+            other = block_pass(target, prompt, tokens, block, scorer if kind == "tree" else None)[1:]
             spread = max(spread, float((_gaps(other, top2) - base).abs().max()))
             flips += int((other.argmax(-1) != top2[:, 0]).sum())
             positions += int(base.shape[0])

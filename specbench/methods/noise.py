@@ -6,7 +6,7 @@ rows (the root and the random nodes: the shapes the methods verify, chains throu
 and trees through the 4D mask) instead of one. In float32 they equal the baseline's token for token;
 in bfloat16 and float16 the share of its answers that leave the baseline's is the *noise floor*:
 how often arithmetic alone moves a correctly verified greedy answer. The report shows every
-method's divergence rate beside it (analysis.audit.divergence_rates).
+method's divergence rate beside it (analysis.audit.lossless_audit, above_floor).
 """
 
 from __future__ import annotations
