@@ -17,7 +17,7 @@ BENCH_ARGS ?= task=all limit=10
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real leaderboard leaderboard-batch leaderboard-budget check gate-power test zoo data synth lint
+.PHONY: install bench bench-real leaderboard leaderboard-batch leaderboard-budget check gate-power test test-fast zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ bench: install  ## the main job: every method on 10 synthetic questions per subt
 # the greedy phase's cost); Figure 6: the `sweep` suite (every leaderboard method, all of them sample) at
 # each temperature on SWEEP_ARGS' questions (temperature 0 reuses the greedy answers); then the budget
 # phase and the batch-size table and figure (below). Every phase is one job: the baseline and the methods
-# answer each question in turn. The README gives the measured time on 2 cores; its answers live apart
+# answer each question in turn. docs/leaderboard.md gives the measured time on 2 cores; its answers live apart
 # from `make bench`'s.
 LEADERBOARD_ANSWERS ?= results/answers-leaderboard
 LEADERBOARD_OUT ?= results/leaderboard
@@ -134,6 +134,13 @@ TEST_WORKERS ?= auto
 test: install  ## the test suite (builds the zoo once, cached under ~/.cache/specbench/zoo)
 	$(PY) -m specbench zoo build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# `make test-fast`: the everyday tier, the tests marked `fast` (no zoo, seconds each). It runs in an empty zoo
+# folder with building forbidden (SPECBENCH_ZOO_BUILD=0), so a test of the tier that needs the zoo fails
+# instead of building it: the tier's promise is checked every time it runs.
+test-fast: install  ## the fast tier: no zoo, under 2 minutes on 2 cores
+	@zoo=$$(mktemp -d); SPECBENCH_ZOO_DIR=$$zoo SPECBENCH_ZOO_BUILD=0 $(PY) -m pytest -q -n $(TEST_WORKERS) \
+	    --dist loadfile -m fast; status=$$?; rm -rf $$zoo; exit $$status
 
 zoo: install  ## build (or reuse) the embedded model zoo
 	$(PY) -m specbench zoo build

@@ -1,4 +1,4 @@
-"""A bigram-cache drafter: the worked example of a user method (README, "Add your method").
+"""A bigram-cache drafter: the worked example of a user method (docs/extending.md).
 
 It remembers, for every token of the prompt and the output so far, the token that most recently
 followed it, and drafts a chain by following those successors from the pending token: after

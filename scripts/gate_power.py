@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specbench.analysis import paired  # noqa: E402
+from specbench.core.answers import FIXED_SUFFIX  # noqa: E402
 from specbench.core.table import markdown  # noqa: E402
-from specbench.engine.budget import FIXED_SUFFIX  # noqa: E402
 from specbench.presentation import check  # noqa: E402
 
 LEVELS = {"slow10": 0.10, "slow15": 0.15, "slow25": 0.25}

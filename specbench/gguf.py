@@ -22,18 +22,13 @@ from pathlib import Path
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import sha256_of
+from specbench.core.resources import CACHE_VAR, cache_root
 
 #: The file a finished conversion writes last (its presence means the folder is complete).
 SOURCE_FILE = "source.json"
-CACHE_ENV = "SPECBENCH_CACHE_DIR"
+CACHE_ENV = CACHE_VAR
 #: Bump when a change here changes what a conversion writes.
 GGUF_CODE_VERSION = "gguf-1"
-
-
-def cache_root() -> Path:
-    """$SPECBENCH_CACHE_DIR if set, else ~/.cache/specbench (converted models, built kits)."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench"
 
 
 #: the SHA-256 of a file, read in blocks (the one the question download checks with)

@@ -1,4 +1,5 @@
-"""Loading target and draft models: any Hugging Face causal LM, a local folder or the zoo."""
+"""Loading target and draft models: any Hugging Face causal LM, a local folder, a GGUF file, or a
+`prefix:NAME` that a registered resolver turns into a folder (the zoo's `zoo:`, the kits')."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from specbench.core.errors import SpecbenchError
 from specbench.gguf import gguf_folder, is_gguf
 
-ZOO_PREFIX = "zoo:"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -163,8 +163,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-#: `prefix:` -> function turning the rest of the spec into a local path. The zoo registers
-#: `zoo:` (specbench.zoo); installed packages add theirs through the `specbench.resolvers`
+#: `prefix:` -> function turning the rest of the spec into a local path. The zoo and the kits
+#: register theirs (`zoo:`, `smollm2:`); installed packages add theirs through the `specbench.resolvers`
 #: entry-point group, found the first time an unknown prefix is asked for.
 RESOLVERS: dict[str, Callable[[str], os.PathLike | str]] = {}
 RESOLVER_GROUP = "specbench.resolvers"
@@ -175,7 +175,8 @@ def register_resolver(prefix: str, resolve: Callable[[str], os.PathLike | str]) 
     RESOLVERS[prefix] = resolve
 
 
-def _resolver(prefix: str) -> Callable[[str], os.PathLike | str] | None:
+def find_resolver(prefix: str) -> Callable[[str], os.PathLike | str] | None:
+    """The resolver of `prefix:` (registered, or loaded from an installed package's entry point), or None."""
     if prefix not in RESOLVERS:
         for entry in entry_points(group=RESOLVER_GROUP):
             if entry.name == prefix:
@@ -185,15 +186,16 @@ def _resolver(prefix: str) -> Callable[[str], os.PathLike | str] | None:
 
 def resolve_path(spec: str) -> str:
     """A hub id or folder as given; a GGUF file is the folder it converts to (once, cached);
-    `zoo:NAME` is a model of the embedded zoo (built on demand), and any other registered
-    `prefix:NAME` goes through its resolver."""
+    a registered `prefix:NAME` goes through its resolver (the zoo's `zoo:NAME` builds on demand)."""
     prefix, sep, name = spec.partition(":")
     if sep and prefix.isidentifier() and not os.path.exists(spec):
-        resolve = _resolver(prefix)
+        resolve = find_resolver(prefix)
         if resolve is not None:
             return str(resolve(name))
-        if prefix == ZOO_PREFIX.rstrip(":"):
-            raise SpecbenchError(f"'{spec}' names the embedded zoo, but specbench.zoo is not installed")
+        known = sorted({*RESOLVERS, *(e.name for e in entry_points(group=RESOLVER_GROUP))})
+        raise SpecbenchError(f"'{spec}' names a '{prefix}:' model, but no resolver is registered for '{prefix}:' "
+                             f"(known: {', '.join(known) or 'none'}); import the package that provides it, or "
+                             "give a folder or hub id")
     expanded = os.path.expanduser(spec)
     if Path(expanded).exists() and not Path(expanded).is_dir():
         if is_gguf(expanded):
@@ -288,7 +290,7 @@ def first_line(exc: BaseException) -> str:
 def load_model(
     spec: str, *, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer by hub id, folder, or `zoo:` name.
+    """Load a causal LM and its tokenizer by hub id, folder, GGUF file or registered `prefix:NAME`.
 
     Weights load from safetensors, or from pickle files through torch's weights_only loader
     (transformers' default): a checkpoint that needs arbitrary unpickling is refused."""

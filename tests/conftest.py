@@ -20,12 +20,18 @@ from transformers import (
 
 import specbench.kit  # noqa: F401 - registers the kits' resolvers (`smollm2:`), as the cli does
 import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver, as the cli does
+from specbench.models import LoadedModel, load_model
+
+pytest.register_assert_rewrite("helpers")  # its shared checks (assert_matches_baseline, ...) report like a test's
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if "SPECBENCH_COST_DIR" not in os.environ:  # draft-budget cost curves of test models: not in the user's cache
     os.environ["SPECBENCH_COST_DIR"] = tempfile.mkdtemp(prefix="specbench-costs-")
     atexit.register(shutil.rmtree, os.environ["SPECBENCH_COST_DIR"], ignore_errors=True)
+if "SPECBENCH_SELF_SPEC_DIR" not in os.environ:  # self_spec's skip-set searches of test models: not in it either
+    os.environ["SPECBENCH_SELF_SPEC_DIR"] = tempfile.mkdtemp(prefix="specbench-self-spec-")
+    atexit.register(shutil.rmtree, os.environ["SPECBENCH_SELF_SPEC_DIR"], ignore_errors=True)
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes: one core each (subprocesses too)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -78,6 +84,11 @@ def make_model(folder: Path, arch: str, tok: PreTrainedTokenizerFast, seed: int 
     return folder
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fast: the everyday tier, `make test-fast` (no zoo, seconds each; a module "
+                                       "opts in with `pytestmark = pytest.mark.fast`)")
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Folders of a tiny random Llama and a tiny random Qwen2 sharing one tokenizer."""
@@ -111,3 +122,32 @@ def earlier(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     done = cli(*args, cwd=root)
     assert done.code == 0 and (out / "spec_bench" / "local" / "baseline").is_dir(), done
     return root, out, args
+
+
+@pytest.fixture(scope="module")
+def targets(tiny_models) -> dict[str, LoadedModel]:
+    """The tiny Llama and Qwen2, loaded in float32 on the CPU (a module may define its own `targets`)."""
+    from helpers import ARCHS, CPU
+
+    return {arch: load_model(str(tiny_models[arch]), device=CPU, dtype=torch.float32) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_models, targets, tmp_path_factory) -> dict[str, dict[str, Path]]:
+    """Per target: itself (all accepted), a noisy copy (some accepted), the other architecture."""
+    from helpers import ARCHS, CPU
+
+    root = tmp_path_factory.mktemp("drafts")
+    out = {}
+    for arch in ARCHS:
+        noisy = root / f"{arch}-noisy"
+        model = load_model(str(tiny_models[arch]), device=CPU, dtype=torch.float32)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in model.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.005)
+        model.model.save_pretrained(noisy)
+        model.tokenizer.save_pretrained(noisy)
+        other = "qwen2" if arch == "llama" else "llama"
+        out[arch] = {"self": tiny_models[arch], "noisy": noisy, "cross": tiny_models[other]}
+    return out

@@ -11,40 +11,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_lossless import EMPTY, PROMPTS, assert_matches_baseline, method_cfg, prompt_of
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig
 
-from helpers import assert_one_line_error, cli
+from helpers import (
+    EMPTY,
+    PROMPTS,
+    assert_matches_baseline,
+    assert_one_line_error,
+    cli,
+    gpt2_config,
+    method_cfg,
+    prompt_of,
+    save_tiny,
+)
 from specbench.core.errors import SpecbenchError
+from specbench.engine.layers import LayerSkipper, decoder_blocks
 from specbench.heads.eagle import EagleHead, head_config_for
-from specbench.methods.self_spec import LayerSkipper, decoder_blocks
 from specbench.models import LoadedModel, load_model
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU = torch.device("cpu")
-
-
-def save_tiny(folder: Path, config, tokenizer) -> Path:
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def three_targets(tiny_models: dict[str, Path], root: Path) -> dict[str, LoadedModel]:
-    """The tiny Llama and Qwen2 of conftest plus a tiny GPT-2 with their tokenizer, loaded (the
-    three architectures the new methods' greedy tests run on)."""
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    folders = {**tiny_models, "gpt2": save_tiny(root / "gpt2", gpt2_config(tok), tok)}
-    return {arch: load_model(str(folders[arch]), device=torch.device("cpu"), dtype=torch.float32)
-            for arch in ("llama", "qwen2", "gpt2")}
-
-
-def gpt2_config(tok) -> GPT2Config:
-    return GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=512,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
 
 @pytest.fixture(scope="module")

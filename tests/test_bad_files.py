@@ -19,9 +19,18 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_report import CATS, base_records, record, write_run
 
-from helpers import assert_one_line_error, cli, error_lines, snapshot, write_questions
+from helpers import (
+    CATS,
+    assert_one_line_error,
+    base_records,
+    cli,
+    error_lines,
+    record,
+    snapshot,
+    write_questions,
+    write_run,
+)
 from specbench.analysis import report
 from specbench.core.questions import load_questions
 

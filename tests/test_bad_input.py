@@ -16,9 +16,18 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_report import base_records, record, speedup_rows, write_run
 
-from helpers import assert_one_line_error, cli, snapshot, specbench, write_questions
+from helpers import (
+    assert_one_line_error,
+    base_records,
+    cli,
+    record,
+    snapshot,
+    specbench,
+    speedup_rows,
+    write_questions,
+    write_run,
+)
 from specbench.analysis import report
 from specbench.core.answers import read_answers
 from specbench.core.errors import SpecbenchError

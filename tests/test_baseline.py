@@ -11,6 +11,8 @@ from specbench.core.timing import CpuTimer
 from specbench.models import load_model
 from specbench.run.registry import build_method
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 PROMPTS = [["the quick brown fox"], ["summarize the passage", "now translate it"], ["tom has 3 boxes"]]
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_lossless import (
+from transformers.cache_utils import DynamicLayer
+
+from helpers import (
     EMPTY,
     GREEDY,
     PROMPTS,
@@ -22,23 +24,22 @@ from test_lossless import (
     accept_everything,
     baseline_tokens,
     chi_square_p,
+    cli,
     exact_first_three,
     long_continuation,
     method_cfg,
     prompt_of,
     run,
     tiny_vocab_model,
+    write_questions,
 )
-from transformers.cache_utils import DynamicLayer
-
-from helpers import cli, write_questions
 from specbench.core.answers import EXTRA_KEY, read_answers
 from specbench.core.sampling import SamplingParams, probs_from_logits
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer
 from specbench.engine import SpeculativeMethod
 from specbench.engine.api import Prefilled, Request, RequestList
-from specbench.methods.sps import SpsDrafter
+from specbench.methods.drafts import SpsDrafter
 from specbench.models import GrowingLayer, LoadedModel, load_model
 from specbench.run.registry import build_method
 

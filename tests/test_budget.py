@@ -7,16 +7,8 @@ import json
 
 import pytest
 import torch
-from test_lossless import (
-    assert_matches_baseline,
-    chi_square_p,
-    drafts,  # noqa: F401 - fixture
-    method_cfg,
-    sample_first_tokens,
-    targets,  # noqa: F401 - fixture
-)
 
-from helpers import cli, write_questions
+from helpers import assert_matches_baseline, chi_square_p, cli, method_cfg, sample_first_tokens, write_questions
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftTree, Verdict, verify_sampled
@@ -183,7 +175,7 @@ def cost_dir(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["sps", "pld"])
-def test_auto_and_fixed_emit_the_baseline_tokens(targets, drafts, cost_dir, name):  # noqa: F811
+def test_auto_and_fixed_emit_the_baseline_tokens(targets, drafts, cost_dir, name):
     """Greedy: the budget changes how much is verified, never what is emitted; `auto` records the
     proposal sizes it chose from, and measures its cost curve once (cached)."""
     target = targets["llama"]
@@ -200,7 +192,7 @@ def test_auto_and_fixed_emit_the_baseline_tokens(targets, drafts, cost_dir, name
     assert len(list(cost_dir.glob("*.json"))) == 1
 
 
-def test_budget_setting_is_checked_and_labels_the_run(targets):  # noqa: F811
+def test_budget_setting_is_checked_and_labels_the_run(targets):
     with pytest.raises(SpecbenchError, match="budget must be one of auto, fixed"):
         build_method(method_cfg("pld", budget="half"), targets["llama"], {})
     with pytest.raises(SpecbenchError, match="has no setting 'budget'"):

@@ -9,6 +9,8 @@ from helpers import cli
 from specbench.analysis import report
 from specbench.core.answers import AnswerWriter, run_dir, write_meta
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 CATS = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
 
 

@@ -5,20 +5,11 @@ import signal
 
 import pytest
 
-from helpers import OFFICIAL, specbench, write_questions
+from helpers import OFFICIAL, answers_file, base_args, specbench, write_questions
 from specbench.core.answers import read_answers
 
 UPSTREAM_KEYS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
-
-
-def base_args(model_dir, questions, out, *extra):
-    return ["run", "model=local", f"model.path={model_dir}", "dataset=spec_bench", f"dataset.path={questions}",
-            f"output_dir={out}", "max_new_tokens=8", "warmup=0", "progress=false", *extra]
-
-
-def answers_file(out, method="baseline", temp="0", run=1, model="local"):
-    return out / "spec_bench" / model / method / f"temp-{temp}" / f"run-{run}" / "answers.jsonl"
 
 
 def check_record(record, n_turns):

@@ -13,7 +13,7 @@ import torch
 from helpers import assert_one_line_error, cli, write_questions
 from specbench.run.monitor import CLK_TCK, ContentionGuard, Sample, margin, other_cores
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
 
 def run_args(model, questions, out, *extra):
@@ -73,7 +73,7 @@ def test_a_generous_threshold_flags_nothing_and_report_marks_nothing(tiny_models
     assert done.code == 0, done
     for meta in metas(out).values():
         assert meta["contention"]["flagged"] is False and meta["contention"]["reasons"] == []
-        assert meta["contention"]["during"]["other_cores"] >= 0
+        assert meta["contention"]["during"]["seconds"] > 0  # the guard measured during the run: not skipped
     assert "contention" not in done.err
     report = cli("report", str(out), "--out", str(tmp_path / "lb"), "--no-figures", cwd=tmp_path)
     assert report.code == 0 and "†" not in report.out

@@ -15,6 +15,8 @@ from conftest import make_tokenizer
 from specbench.core.errors import SpecbenchError
 from specbench.datastore import read_corpus
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 TEXT = {"text": "the quick brown fox jumps over the lazy dog"}
 MESSAGES = {"messages": [{"role": "user", "content": "summarize the passage"},
                          {"role": "assistant", "content": "the fox jumps"}]}

@@ -8,6 +8,8 @@ from helpers import OFFICIAL
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS, Question, fetch, interleave, load_questions, select, sha256_of
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 
 @pytest.mark.skipif(not OFFICIAL.exists(), reason="official question file not present")
 def test_official_file_has_six_subtasks_of_80():

@@ -45,7 +45,7 @@ EMPTY = OmegaConf.create({})
 PARENTS = (-1, -1, 0, 0, 1, 3)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
 
 def test_layout_of_a_hand_made_tree():

@@ -9,9 +9,8 @@ import os
 import signal
 
 import pytest
-from test_cli import answers_file, base_args
 
-from helpers import assert_one_line_error, cli, specbench, write_questions
+from helpers import answers_file, assert_one_line_error, base_args, cli, specbench, write_questions
 from specbench.analysis import report
 from specbench.core.answers import AnswerWriter, read_answers
 from specbench.run.session import Session

@@ -8,13 +8,15 @@ import types
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
-from test_report import record, write_run
 
+from helpers import record, write_run
 from specbench.analysis import frame, report
 from specbench.analysis.audit import time_split
 from specbench.analysis.runs import Run
 from specbench.analysis.summary import run_summary
 from specbench.core.answers import run_dir
+
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
 SUBTASK = {"writing": "mt_bench", "roleplay": "mt_bench", "qa": "qa", "rag": "rag"}
 QUESTIONS = [(1, "writing", 2), (2, "qa", 1), (3, "qa", 1), (4, "rag", 1), (5, "rag", 1), (6, "roleplay", 2)]

@@ -17,22 +17,19 @@ import pytest
 import torch
 from conftest import TEXT
 from omegaconf import OmegaConf
-from test_lossless import (  # noqa: F401 - `targets` is a fixture used here
+
+from helpers import (
     ARCHS,
     EMPTY,
-    PROMPTS,
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
     greedy_rows,
     method_cfg,
-    prompt_of,
     sample_end_to_end,
-    targets,
+    specbench,
     tiny_vocab_model,
 )
-
-from helpers import specbench
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import SpeculativeMethod
@@ -50,7 +47,7 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def heads(targets, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F811 - the imported fixture
+def heads(targets, tmp_path_factory) -> dict[str, dict[str, Path]]:
     """Per architecture, a Medusa and an EAGLE head trained on the target's own greedy text."""
     root = tmp_path_factory.mktemp("heads")
     out = {}
@@ -72,7 +69,7 @@ def heads(targets, tmp_path_factory) -> dict[str, dict[str, Path]]:  # noqa: F81
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", ["eagle", "eagle2", "medusa"])
-def test_greedy_equals_baseline(targets, heads, arch, name):  # noqa: F811
+def test_greedy_equals_baseline(targets, heads, arch, name):
     target = targets[arch]
     folder = heads[arch]["medusa" if name == "medusa" else "eagle"]
     method = build_method(method_cfg(name, head=str(folder)), target, EMPTY)
@@ -85,7 +82,7 @@ def test_greedy_equals_baseline(targets, heads, arch, name):  # noqa: F811
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_other_trees_and_budgets(targets, heads, arch):  # noqa: F811
+def test_other_trees_and_budgets(targets, heads, arch):
     target = targets[arch]
     eagle = str(heads[arch]["eagle"])
     for name, overrides in [("eagle", {"choices": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]}),
@@ -97,7 +94,7 @@ def test_other_trees_and_budgets(targets, heads, arch):  # noqa: F811
         assert_matches_baseline(method, target, lengths=(2, 30))
 
 
-def test_eagle2_trees_respect_the_budget(targets, heads):  # noqa: F811
+def test_eagle2_trees_respect_the_budget(targets, heads):
     target = targets["llama"]
     method = build_method(method_cfg("eagle2", head=str(heads["llama"]["eagle"]), depth=4, top_k=3,
                                       total_tokens=9), target, EMPTY)
@@ -193,7 +190,7 @@ def published_medusa(folder: Path, target, num_heads: int = 3) -> Path:
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle2", "medusa"])
-def test_published_layouts_load_and_drive_generation(targets, tmp_path, name):  # noqa: F811
+def test_published_layouts_load_and_drive_generation(targets, tmp_path, name):
     target = targets["llama"]
     if name == "medusa":
         folder = published_medusa(tmp_path / "medusa", target)
@@ -204,7 +201,7 @@ def test_published_layouts_load_and_drive_generation(targets, tmp_path, name):  
     assert method.extra_parameters() > 0
 
 
-def test_saved_heads_round_trip_in_both_files(targets, heads, tmp_path):  # noqa: F811
+def test_saved_heads_round_trip_in_both_files(targets, heads, tmp_path):
     target = targets["llama"]
     d = target.model.config.hidden_size
     vocab = target.model.get_output_embeddings().weight.shape[0]
@@ -230,7 +227,7 @@ class _Evil:
         return (print, ("this must never run",))
 
 
-def test_bad_checkpoints_get_clear_errors(targets, tmp_path):  # noqa: F811
+def test_bad_checkpoints_get_clear_errors(targets, tmp_path):
     target = targets["llama"]
 
     def build(name: str, folder: Path):
@@ -280,7 +277,7 @@ def test_bad_checkpoints_get_clear_errors(targets, tmp_path):  # noqa: F811
         build_method(method_cfg("eagle", head=None), target, EMPTY)
 
 
-def test_zoo_heads_are_refused_for_other_models_before_any_build(targets, monkeypatch):  # noqa: F811
+def test_zoo_heads_are_refused_for_other_models_before_any_build(targets, monkeypatch):
     from specbench import zoo
 
     monkeypatch.setattr(zoo, "ensure_zoo", lambda *a, **k: pytest.fail("the zoo must not be built"))
@@ -323,7 +320,7 @@ def sharegpt_corpus(path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("name", "corpus"), [("medusa", "sharegpt.jsonl"), ("eagle", "sharegpt.parquet")])
-def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path, name, corpus):  # noqa: F811
+def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path, name, corpus):
     out = tmp_path / name
     proc = specbench("train-head", f"method={name}", "model=local", f"model.path={tiny_models['llama']}",
                      f"corpus={sharegpt_corpus(tmp_path / corpus)}", f"out={out}", "tokens=3000", "steps=5",
@@ -334,7 +331,7 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
 
 
-def test_zoo_stage_writes_every_head(targets, tmp_path):  # noqa: F811
+def test_zoo_stage_writes_every_head(targets, tmp_path):
     from types import SimpleNamespace
 
     from specbench.heads.train import zoo_stage

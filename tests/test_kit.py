@@ -23,6 +23,8 @@ from specbench.kit import load_kit, source
 from specbench.models import load_model, resolve_path
 from specbench.run.config import compose_method, in_run
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 

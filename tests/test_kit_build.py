@@ -9,15 +9,15 @@ import json
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_lossless import assert_matches_baseline
 
+from helpers import assert_matches_baseline
 from specbench import models
 from specbench.kit import build
 from specbench.models import load_model
 from specbench.run.config import compose_method
 from specbench.run.registry import build_method
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
 TINY = {
     "name": "testkit", "title": "Test kit", "source": "pypi",

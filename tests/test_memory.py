@@ -7,13 +7,12 @@ import time
 
 import pytest
 import torch
-from test_report import CATS, base_records, record, write_run
 
-from helpers import cli, write_questions
+from helpers import CATS, base_records, cli, record, write_questions, write_run
 from specbench.models import load_model
 from specbench.run.provenance import environment
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The method registry's four sources (built-in, methods/ folder, Hydra search path, entry points),
-its errors, and everything derived from it (suites, check --quick, figure colours, the README)."""
+its errors, and everything derived from it (suites, check --quick, figure colours, docs/methods.md's table)."""
 
 from __future__ import annotations
 
@@ -82,14 +82,14 @@ def test_builtins_carry_suites(plugin_dir):
     assert controls == ["noise"] and reg.suites("noise") == ["audit"]  # the audit's noise floor: not a method to rank
     assert reg.names(suite="bench") == [n for n in builtins if n not in lossy + controls]
     assert set(reg.names(suite="quick")) == QUICK
-    assert all(reg.facts(n).get("description") for n in builtins)  # the README table's text
+    assert all(reg.facts(n).get("description") for n in builtins)  # the methods table's text
 
 
 def test_readme_table_is_generated_from_the_registry(plugin_dir):
-    path = REPO / "README.md"
+    path = REPO / "docs" / "methods.md"
     _, table, _ = readme_block(path.read_text(encoding="utf-8"), path)
     assert table == readme_table(registry.discover()), (
-        "README's methods table is stale; run `python -m specbench methods --markdown --write README.md`")
+        "docs/methods.md's table is stale; run `python -m specbench methods --markdown --write docs/methods.md`")
 
 
 def test_search_path_folder_methods(tmp_path, plugin_dir, monkeypatch):

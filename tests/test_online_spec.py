@@ -8,23 +8,25 @@ import json
 
 import pytest
 import torch
-from test_architectures import gpt2_config, save_tiny
-from test_lossless import (
+from transformers import AutoTokenizer, GPT2Config
+
+from helpers import (
     CPU,
     EMPTY,
     PROMPTS,
     assert_matches_baseline,
     chi_square_p,
+    cli,
     exact_first_three,
+    gpt2_config,
     method_cfg,
     prompt_of,
     run,
     sample_end_to_end,
+    save_tiny,
     tiny_vocab_model,
+    write_questions,
 )
-from transformers import AutoTokenizer, GPT2Config
-
-from helpers import cli, write_questions
 from specbench.core.answers import EXTRA_KEY, read_answers
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams

@@ -18,6 +18,8 @@ import pytest
 from specbench.core.resources import CONFIG_DIR
 from specbench.run.config import check_compose, check_overrides
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,9 +6,8 @@ import math
 import shutil
 
 import pytest
-from test_report import record, write_run
 
-from helpers import cli, write_questions
+from helpers import cli, record, write_questions, write_run
 from specbench.analysis import frame, report
 from specbench.analysis.audit import is_bug
 from specbench.analysis.runs import Run
@@ -16,7 +15,7 @@ from specbench.core.answers import read_answers
 from specbench.presentation import leaderboard
 from specbench.presentation.check import gate_problems
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 TIE = 0.05  # the report's default --tie-margin
 
 

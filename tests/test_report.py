@@ -5,57 +5,14 @@ import math
 
 import pytest
 
-from helpers import assert_one_line_error, cli
-from specbench.analysis import frame, report
-from specbench.analysis.runs import Run
-from specbench.core.answers import AnswerWriter, read_answers, run_dir, write_meta
+from helpers import CATS, assert_one_line_error, base_records, cli, record, speedup_rows, write_run
+from specbench.analysis import report
+from specbench.core.answers import AnswerWriter, read_answers
 from specbench.core.errors import SpecbenchError
 from specbench.presentation import leaderboard
 from specbench.presentation.check import compare, load_check_config, snapshot
 
-CATS = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
-
-
-def record(qid, category, tokens, seconds, accept, ids=None, margins=None, depths=None):
-    """A record in our format; `depths` = per-step draft depths, summarised as the engine does."""
-    stats = {}
-    if margins:
-        stats["top2_margin"] = margins
-    if depths:
-        top = max(depths)
-        stats["position_drafted"] = [sum(d > i for d in depths) for i in range(top)]
-        stats["position_accepted"] = [sum(a - 1 > i for a in accept) for i in range(top)]
-    return {
-        "question_id": qid, "category": category, "answer_id": f"a{qid}", "model_id": "m", "tstamp": 0.0,
-        "choices": [{"index": 0, "turns": ["x"], "decoding_steps": [len(accept)], "new_tokens": [tokens],
-                     "wall_time": [seconds], "accept_lengths": accept}],
-        "specbench": {"output_ids": [ids or list(range(tokens))], "prefill_time": [seconds / 10],
-                      "sections": [{"draft": seconds / 5, "verify": seconds / 2}],
-                      "stats": [stats]},
-    }
-
-
-def write_run(root, method, records, temperature=0.0, run=1, facts=None):
-    folder = run_dir(root, "synthetic", "tiny", method, temperature, run)
-    with AnswerWriter(folder / "answers.jsonl") as w:
-        for r in records:
-            w.write(r)
-    write_meta(folder / "meta.json", {"identity": {"dtype": "float32", "model": "zoo:target",
-                                                   "method": {"name": method, "facts": facts or {}}},
-                                      "environment": {"device": "cpu"},
-                                      "config": {"method": {"name": method, "facts": facts or {}}},
-                                      "target_parameters": 1000, "extra_parameters": 10})
-    return folder
-
-
-def base_records(seconds=1.0):
-    return [record(i, c, 10, seconds, [1] * 9, margins=[0.01] * 10) for i, c in enumerate(CATS)]
-
-
-def speedup_rows(ours, base):
-    """`frame.speedups` of `ours` against `base` (one run each): row dicts, subtasks then overall."""
-    runs = [Run("synthetic", "tiny", "baseline", 0.0, 1, base), Run("synthetic", "tiny", "fast", 0.0, 1, ours)]
-    return frame.speedups(frame.tidy(runs)).loc["fast"].reset_index().to_dict("records")
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
 
 def test_speedup_uses_upstream_definition():

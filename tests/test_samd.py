@@ -9,8 +9,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from test_architectures import gpt2_config, save_tiny
-from test_lossless import (
+from transformers import AutoTokenizer
+
+from helpers import (
     ARCHS,
     CPU,
     EMPTY,
@@ -19,14 +20,14 @@ from test_lossless import (
     baseline_tokens,
     chi_square_p,
     exact_first_three,
+    gpt2_config,
     method_cfg,
     prompt_of,
     run,
     sample_end_to_end,
+    save_tiny,
     tiny_vocab_model,
 )
-from transformers import AutoTokenizer
-
 from specbench import datastore as ds
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams

@@ -23,6 +23,8 @@ from specbench.models import load_model
 from specbench.run.config import options
 from specbench.run.registry import build_method
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 EMPTY = OmegaConf.create({})
 ENGINE_KEYS = SpeculativeMethod.engine_keys
 METHODS = options("method")

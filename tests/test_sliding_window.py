@@ -35,7 +35,7 @@ MAX_NEW = 48  # prompt + 48 > WINDOW: every run crosses the window
 # A tree with two branches at the root, a fork under node 0, a grandchild under node 3.
 PARENTS = (-1, -1, 0, 0, 1, 3)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
 
 def make_config(arch: str, vocab: int):

@@ -9,22 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_architectures import three_targets
-from test_lossless import (
+
+from helpers import (
     EMPTY,
     PROMPTS,
     VOCAB,
     assert_matches_baseline,
+    assert_one_line_error,
     chi_square_p,
+    cli,
     exact_first_three,
     greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
+    three_targets,
     tiny_vocab_model,
 )
-
-from helpers import assert_one_line_error, cli
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria

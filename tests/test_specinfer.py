@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_model
-from test_lossless import (
+from transformers import AutoTokenizer
+
+from helpers import (
     CPU,
     EMPTY,
     assert_matches_baseline,
@@ -18,14 +20,12 @@ from test_lossless import (
     sample_end_to_end,
     tiny_vocab_model,
 )
-from transformers import AutoTokenizer
-
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.engine import SpeculativeMethod
+from specbench.methods.drafts import SpsDrafter
 from specbench.methods.specinfer import SpecInferDrafter, merge_chains
-from specbench.methods.sps import SpsDrafter
 from specbench.models import load_model
 from specbench.run.registry import build_method
 

@@ -12,11 +12,13 @@ import subprocess
 import sys
 
 import pytest
-from test_layers import import_graph
 
+from helpers import import_graph
 from specbench import synth
 from specbench.synth.benchmark import GENERATORS
 from specbench.synth.mt_bench import GENERATORS as MT_BENCH_GENERATORS
+
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
 EQUATION = re.compile(r"(\d+(?: [-+*/] \d+)+) = (\d+)")
 WORD = re.compile(r"[A-Za-z]+")

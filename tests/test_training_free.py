@@ -7,30 +7,21 @@ import json
 
 import pytest
 import torch
-from test_lossless import (
-    ARCHS,
-    CPU,
-    EMPTY,
-    PROMPTS,
-    assert_matches_baseline,
-    baseline_tokens,
-    method_cfg,
-    prompt_of,
-    run,
-)
 
+from helpers import ARCHS, CPU, EMPTY, PROMPTS, assert_matches_baseline, baseline_tokens, method_cfg, prompt_of, run
 from specbench import datastore as ds
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.engine import DraftContext, DraftTree, Feedback, SpeculativeMethod, Verdict
+from specbench.engine.layers import LayerSkipper
 from specbench.methods.lookahead import LookaheadDrafter, NgramPool, merge_trie, window_layout
 from specbench.methods.recycling import RecyclingDrafter, tree_template
-from specbench.methods.self_spec import LayerSkipper, candidate_skip_sets
+from specbench.methods.self_spec import candidate_skip_sets
 from specbench.models import LoadedModel, load_model
 from specbench.run.registry import build_method
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +90,7 @@ def test_self_spec_greedy_equals_baseline(targets, arch):
 
 
 def test_self_spec_auto_search_is_cached(targets, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("SPECBENCH_SELF_SPEC_DIR", raising=False)  # conftest's: the default is under the cache root
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path))
     target = targets["llama"]
     cfg = method_cfg("self_spec", search_prompts=1, search_max_new_tokens=8)

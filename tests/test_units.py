@@ -12,6 +12,8 @@ from specbench.core.sampling import SamplingParams, probs_from_logits
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer, CudaTimer, timer_for
 
+pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
+
 
 def test_greedy_is_one_hot_argmax():
     logits = torch.tensor([[0.1, 3.0, 2.9, -1.0]])

@@ -25,7 +25,7 @@ from specbench.analysis.runs import (
     method_memory,
     run_contention,
 )
-from specbench.engine.budget import FIXED_SUFFIX
+from specbench.core.answers import FIXED_SUFFIX
 
 __all__ = ["BASELINE", "Group", "MethodResult", "Run", "analyse", "budget_pairs", "group_runs", "load_runs"]
 
@@ -177,15 +177,6 @@ def budget_pairs(group: Group) -> list[BudgetPair]:
         low, high = bootstrap_ratio_ci(both[:, 0], both[:, 1])
         pairs.append(BudgetPair(r, fixed, ratio, low, high))
     return pairs
-
-
-def budget_verdict(auto: MethodResult, fixed: MethodResult) -> str:
-    """Whether the auto budget keeps up with the fixed one: "yes" (its overall speedup is at least
-    fixed's), "within noise" (at least the low end of fixed's 95% interval), else "NO"."""
-    speedup, rival = auto.rows["overall"]["speedup"], fixed.rows["overall"]
-    if speedup >= rival["speedup"]:
-        return "yes"
-    return "within noise" if speedup >= rival["ci_low"] else "NO"
 
 
 def contention_note(group: Group) -> str | None:

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from specbench.core.args import ArgumentParser
+from specbench.core.args import ArgumentParser, stop_if_parse_only
 from specbench.core.errors import SpecbenchError
 
 USAGE = """usage: python -m specbench [hydra flags] <command> [args]
@@ -45,6 +45,7 @@ def _run(args: list[str]) -> int:
     check_overrides(args)
     if not {"-m", "--multirun"} & set(args):
         check_compose(args)
+    stop_if_parse_only(args)
     import hydra
     from omegaconf import DictConfig
 
@@ -226,9 +227,6 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    import specbench.kit  # noqa: F401 - registers the kits' resolvers (`smollm2:`)
-    import specbench.zoo  # noqa: F401 - registers the `zoo:` resolver (also an entry point, for library use)
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from specbench.core.args import stop_if_parse_only
 from specbench.core.errors import SpecbenchError
 
 USAGE = ("python -m specbench train-head method=medusa|eagle|eagle3|hydra|ppd|specdec model=NAME [model.path=...] "
@@ -223,6 +224,7 @@ def train_head_main(args: list[str]) -> int:
     from specbench.models import load_model, resolve_device
 
     opts, overrides = _parse(args)
+    stop_if_parse_only((opts, overrides))
     method = "eagle" if opts["method"] == "eagle2" else opts["method"]
     model_name = opts["model"]
     model_file = CONFIG_DIR / "model" / f"{model_name}.yaml"
@@ -279,7 +281,7 @@ def train_head_main(args: list[str]) -> int:
         save_exit_head(heads, out, int(model.get_output_embeddings().weight.shape[0]), str(model_cfg.path))
     elif method == "specdec":
         from specbench.heads.specdec import save_specdec
-        from specbench.methods.sps import check_same_vocabulary
+        from specbench.methods.drafts import check_same_vocabulary
 
         spec = opts.get("draft") or model_cfg.get("draft")
         if not spec:

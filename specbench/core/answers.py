@@ -23,6 +23,8 @@ ANSWERS = "answers.jsonl"
 ERRORS = "errors.jsonl"  # questions that failed (reason per row); kept apart so answers stay upstream-readable
 META = "meta.json"
 EXTRA_KEY = "specbench"  # our fields beyond the upstream format live under this one key
+#: a run with `method.budget=fixed` is filed and reported as <method><FIXED_SUFFIX> (auto keeps the name)
+FIXED_SUFFIX = "-fixed"
 
 
 def run_dir(

@@ -8,6 +8,7 @@ the current folder.
 
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -39,3 +40,21 @@ def _config_dir() -> Path:
 
 #: The Hydra config tree: config.yaml + groups model/ method/ task/ dataset/ sweep/, zoo and check settings.
 CONFIG_DIR = _config_dir()
+#: Moves every cache below but the zoo's and the cost curves' (those have their own variables).
+CACHE_VAR = "SPECBENCH_CACHE_DIR"
+
+
+def default_cache() -> Path:
+    """~/.cache/specbench: where specbench keeps what it builds or measures once."""
+    return Path.home() / ".cache" / "specbench"
+
+
+def env_folder(var: str, default: Path) -> Path:
+    """The folder the environment variable `var` names when it is set, else `default`."""
+    value = os.environ.get(var)
+    return Path(value).expanduser() if value else default
+
+
+def cache_root() -> Path:
+    """$SPECBENCH_CACHE_DIR if set, else ~/.cache/specbench (converted models, built kits, self_spec's searches)."""
+    return env_folder(CACHE_VAR, default_cache())

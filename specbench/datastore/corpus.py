@@ -78,13 +78,12 @@ def _resolve(spec: str) -> str:
     prefix, sep, _ = spec.partition(":")
     if not sep or not prefix.isidentifier() or os.path.exists(spec):
         return spec
-    from specbench.models import resolve_path
+    from specbench.models import find_resolver, resolve_path
 
-    resolved = resolve_path(spec)
-    if resolved == spec:
+    if find_resolver(prefix) is None:
         raise SpecbenchError(f"corpus '{spec}': no resolver is registered for '{prefix}:'; give a file, a hub "
                              "dataset id or zoo:corpus")
-    return resolved
+    return resolve_path(spec)
 
 
 def _paragraphs(path: Path) -> Iterator[str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import torch
 
 from specbench.core.answers import write_meta
 from specbench.core.hardware import device_name
+from specbench.core.resources import default_cache, env_folder
 from specbench.engine.tree import DraftTree, layout_of
 from specbench.engine.verifier import Verdict
 
@@ -47,15 +47,12 @@ BUDGET_MODES = ("auto", "fixed")
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
-#: a run with `method.budget=fixed` is filed and reported as <method><FIXED_SUFFIX> (auto keeps the name)
-FIXED_SUFFIX = "-fixed"
 CURVE_VERSION = 2  # 2: row counts timed in turn, pass by pass
 
 
 def cost_dir() -> Path:
     """$SPECBENCH_COST_DIR if set, else ~/.cache/specbench/costs."""
-    env = os.environ.get(COST_DIR_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench" / "costs"
+    return env_folder(COST_DIR_VAR, default_cache() / "costs")
 
 
 @dataclass

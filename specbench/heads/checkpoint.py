@@ -104,7 +104,7 @@ def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Pat
     The zoo's and a kit's heads are trained for their own target only: for any other model they
     are refused before they would be built for nothing.
     """
-    from specbench.models import RESOLVERS, resolve_path
+    from specbench.models import find_resolver, resolve_path
 
     if not spec:
         raise SpecbenchError(f"method {method} needs a trained {kind} head (model.parts names no built ones for "
@@ -112,7 +112,7 @@ def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Pat
     spec = str(spec)
     target = str(model_cfg.get("path") or "")
     built_for = spec.partition(":")[0]
-    if built_for in RESOLVERS and target and not target.startswith(built_for + ":"):
+    if target and find_resolver(built_for) is not None and not target.startswith(built_for + ":"):
         raise SpecbenchError(
             f"method.head={spec} is the {kind} head built for {built_for}:target only; for {target} set "
             f"method.head=/path/to/its {kind} head (published releases load as they are), or train one with "
@@ -128,3 +128,12 @@ def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Pat
         raise SpecbenchError(f"{kind} head '{spec}' {what}; give method.head= the folder of a published or trained "
                              f"{kind} head")
     return folder
+
+
+def target_dims(model: torch.nn.Module) -> tuple[int, int, torch.nn.Module]:
+    """The target's hidden size, logit width and LM head."""
+    lm_head = model.get_output_embeddings()
+    if lm_head is None or getattr(lm_head, "weight", None) is None:
+        raise SpecbenchError("the target has no output embedding (LM head) for the heads to use")
+    vocab, hidden = lm_head.weight.shape
+    return int(hidden), int(vocab), lm_head

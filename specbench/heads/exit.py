@@ -1,7 +1,7 @@
 """Early-exit heads for PPD (predictive pipelined decoding, Yang et al. 2023).
 
 The head reads the target's state after its first `exit_layer` blocks, passed through the model's
-own final norm (what a layer-skipped forward of the target gives: methods.self_spec.LayerSkipper),
+own final norm (what a layer-skipped forward of the target gives: engine.layers.LayerSkipper),
 applies one residual block x + SiLU(linear(x)) (zero-initialised: a fresh head is the plain early
 exit) and the target's frozen LM head. It is trained to match the full target's next-token
 distribution at the same position.

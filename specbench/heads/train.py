@@ -275,7 +275,7 @@ def collect_exit_states(model: nn.Module, input_ids: torch.Tensor, valid: torch.
                         batch_size: int = 8, desc: str = "early-exit states") -> torch.Tensor:
     """The frozen target's state after its first `exit_layer` blocks, through its final norm (the
     forward PPD's drafter runs: the model's own, with the block list narrowed), (rows, L, d)."""
-    from specbench.methods.self_spec import OnlyBlocks, decoder_blocks
+    from specbench.engine.layers import OnlyBlocks, decoder_blocks
 
     name, blocks = decoder_blocks(model)
     if not 1 <= exit_layer < len(blocks):

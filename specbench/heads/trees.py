@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specbench.core.errors import SpecbenchError
 
@@ -81,3 +82,15 @@ def build_tree(choices: str | Sequence[Sequence[int]], num_nodes: int | None = N
     index = {p: i for i, p in enumerate(ordered)}
     parents = tuple(index[p[:-1]] if len(p) > 1 else -1 for p in ordered)
     return StaticTree(ordered, parents, tuple(p[-1] for p in ordered), tuple(len(p) for p in ordered))
+
+
+def check_choices(choices: Any, method: str) -> None:
+    """A static tree's `choices` setting is a published tree's name or a list of index paths."""
+    if isinstance(choices, str):
+        return
+    if isinstance(choices, list) and all(
+        isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p) for p in choices
+    ):
+        return
+    raise SpecbenchError(f"method {method} choices must be a tree's name or a list of index paths like "
+                         f"[[0], [1], [0, 0]], got {choices!r}")

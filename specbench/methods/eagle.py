@@ -31,11 +31,10 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, layout_of
 from specbench.engine.api import Prefilled
 from specbench.engine.budget import Budget
-from specbench.heads.checkpoint import head_folder
+from specbench.heads.checkpoint import head_folder, target_dims
 from specbench.heads.eagle import EagleHead, load_eagle
 from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3
-from specbench.heads.trees import StaticTree, build_tree
-from specbench.methods.medusa import check_choices, target_dims
+from specbench.heads.trees import StaticTree, build_tree, check_choices
 
 
 @dataclass

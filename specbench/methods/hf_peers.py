@@ -28,7 +28,7 @@ from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
 from specbench.engine.api import GenerationResult, Method, Prefilled
-from specbench.methods.sps import SCHEDULES, load_draft
+from specbench.methods.drafts import SCHEDULES, load_draft
 from specbench.models import LoadedModel
 
 

@@ -18,10 +18,9 @@ import torch
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
-from specbench.heads.checkpoint import head_folder
+from specbench.heads.checkpoint import head_folder, target_dims
 from specbench.heads.hydra import HydraHeads, load_hydra
-from specbench.heads.trees import StaticTree, build_tree
-from specbench.methods.medusa import check_choices, target_dims
+from specbench.heads.trees import StaticTree, build_tree, check_choices
 
 
 @dataclass

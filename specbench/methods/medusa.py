@@ -14,25 +14,12 @@ from typing import Any
 
 import torch
 
-from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
-from specbench.heads.checkpoint import head_folder
+from specbench.heads.checkpoint import head_folder, target_dims
 from specbench.heads.medusa import MedusaHeads, load_medusa
-from specbench.heads.trees import StaticTree, build_tree
-
-
-def check_choices(choices: Any, method: str) -> None:
-    """A static tree's `choices` setting is a published tree's name or a list of index paths."""
-    if isinstance(choices, str):
-        return
-    if isinstance(choices, list) and all(
-        isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p) for p in choices
-    ):
-        return
-    raise SpecbenchError(f"method {method} choices must be a tree's name or a list of index paths like "
-                         f"[[0], [1], [0, 0]], got {choices!r}")
+from specbench.heads.trees import StaticTree, build_tree, check_choices
 
 
 @dataclass
@@ -45,15 +32,6 @@ class MedusaSettings:
 
     def __post_init__(self) -> None:
         check_choices(self.choices, "medusa")
-
-
-def target_dims(model: torch.nn.Module) -> tuple[int, int, torch.nn.Module]:
-    """The target's hidden size, logit width and LM head."""
-    lm_head = model.get_output_embeddings()
-    if lm_head is None or getattr(lm_head, "weight", None) is None:
-        raise SpecbenchError("the target has no output embedding (LM head) for the heads to use")
-    vocab, hidden = lm_head.weight.shape
-    return int(hidden), int(vocab), lm_head
 
 
 class MedusaDrafter(Drafter):

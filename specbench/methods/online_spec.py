@@ -36,7 +36,7 @@ from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import GenerationResult, Prefilled
-from specbench.methods.sps import SpsDrafter, load_draft, logits_width
+from specbench.methods.drafts import SpsDrafter, load_draft, logits_width
 
 
 @dataclass

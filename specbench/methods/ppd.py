@@ -27,10 +27,9 @@ import torch
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
 from specbench.engine.api import Prefilled
-from specbench.heads.checkpoint import head_folder
+from specbench.engine.layers import SHARED_CACHE_BATCH_PROBLEM, LayerSkipper, decoder_blocks
+from specbench.heads.checkpoint import head_folder, target_dims
 from specbench.heads.exit import ExitHead, load_exit_head
-from specbench.methods.medusa import target_dims
-from specbench.methods.self_spec import SHARED_CACHE_BATCH_PROBLEM, LayerSkipper, decoder_blocks
 
 
 @dataclass

@@ -138,7 +138,7 @@ class TokenRecycling(SpeculativeMethod):
     Settings = RecyclingSettings
 
     def build_drafter(self) -> Drafter:
-        from specbench.methods.sps import logits_width
+        from specbench.methods.drafts import logits_width
 
         s = self.settings
         return RecyclingDrafter(logits_width(self.target), k=s.k, tree_size=s.tree_size, max_depth=s.max_depth,

@@ -28,24 +28,23 @@ import json
 import os
 import sys
 import time
-import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from transformers import DynamicCache
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.resources import cache_root, env_folder
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
+from specbench.engine.layers import SHARED_CACHE_BATCH_PROBLEM, LayerSkipper, decoder_blocks
 from specbench.models import LoadedModel, resolve_path
 
-CACHE_ENV = "SPECBENCH_CACHE_DIR"
+#: Moves the searched skip sets on their own (the tests keep theirs out of the user's cache with it).
+CACHE_ENV = "SPECBENCH_SELF_SPEC_DIR"
 SEARCH_VERSION = 1
 #: Calibration conversations of the auto search: synthetic chats the zoo package writes (no zoo build needed).
 DEFAULT_CALIBRATION = "zoo:calibration"
@@ -75,220 +74,8 @@ class SelfSpecSettings:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return (Path(env).expanduser() if env else Path.home() / ".cache" / "specbench") / "self_spec"
-
-
-def decoder_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
-    """The dotted name and the ModuleList of a decoder's blocks: the shallowest ModuleList as
-    long as the config's layer count (`model.layers` in Llama-like stacks, `transformer.h` in
-    GPT-2-like ones, whatever the stack calls it), or an error naming the model."""
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    n = getattr(text, "num_hidden_layers", None)
-    kind = type(model).__name__
-    if not isinstance(n, int) or n < 1:
-        raise SpecbenchError(f"self_spec cannot skip layers of {kind}: its config has no num_hidden_layers")
-    found = [(name, module) for name, module in model.named_modules()
-             if isinstance(module, torch.nn.ModuleList) and len(module) == n and name
-             and len({type(block) for block in module}) == 1]
-    if not found:
-        raise SpecbenchError(f"self_spec cannot skip layers of {kind}: it has no ModuleList of {n} decoder blocks of "
-                             "one class (supported: stacks that keep their blocks in one list, such as Llama-like "
-                             "model.layers and GPT-2-like transformer.h; hybrid stacks are not)")
-    depth = min(name.count(".") for name, _ in found)
-    shallowest = [(name, module) for name, module in found if name.count(".") == depth]
-    if len(shallowest) > 1:
-        names = ", ".join(name for name, _ in shallowest)
-        raise SpecbenchError(f"self_spec cannot tell the decoder blocks of {kind} apart: {names} all hold {n} blocks")
-    return shallowest[0]
-
-
-class OnlyBlocks:
-    """A context in which `model` runs with only the blocks `kept` of its block list `name`
-    (put back on exit; prepared once, entered per draft step).
-
-    Per-layer settings of the stack's config (lists as long as the block list, such as
-    `layer_types`, which decoders index by loop position to pick a block's mask) are narrowed
-    to the kept blocks alike, so each kept block still gets its own.
-    """
-
-    def __init__(self, model: torch.nn.Module, name: str, kept: list[int]) -> None:
-        owner_name, _, self.attr = name.rpartition(".")
-        self.owner = model.get_submodule(owner_name) if owner_name else model
-        self.full = self.owner._modules[self.attr]
-        n = len(self.full)
-        self.narrow = torch.nn.ModuleList([self.full[i] for i in kept])
-        config = getattr(self.owner, "config", None) or model.config
-        self.settings = vars(config) if hasattr(config, "__dict__") else {}
-        self.per_layer = {key: value for key, value in self.settings.items()
-                          if isinstance(value, (list, tuple)) and len(value) == n and key != "architectures"}
-        self.per_layer_kept = {key: type(value)(value[i] for i in kept) for key, value in self.per_layer.items()}
-
-    def __enter__(self) -> None:
-        self.owner._modules[self.attr] = self.narrow
-        self.settings.update(self.per_layer_kept)  # through __dict__: no validation against num_hidden_layers
-
-    def __exit__(self, *exc: object) -> None:
-        self.owner._modules[self.attr] = self.full
-        self.settings.update(self.per_layer)
-
-
-#: Cache methods that report a layer's length to the model (positions, mask sizes): (name, position
-#: of `layer_idx` among the positional arguments).
-_LENGTH_METHODS = (("get_seq_length", 0), ("get_mask_sizes", 1), ("get_query_offset", 0))
-
-
-@contextmanager
-def lengths_from(cache: Any, redirect: dict[int, int]) -> Iterator[None]:
-    """While a layer-skipped forward runs, the cache answers length questions about a skipped
-    layer (which lags behind by the tokens drafted so far) with those of a kept layer of the
-    same kind: the model's own mask (causal, sliding window) and positions then fit the kept
-    layers. The methods are shadowed on this one cache object and restored afterwards."""
-    if not redirect or cache is None:
-        yield
-        return
-    shadowed: dict[str, Any] = {}
-    for name, pos in _LENGTH_METHODS:
-        method = getattr(cache, name, None)
-        if method is None:
-            continue
-
-        def call(*args: Any, _method: Any = method, _pos: int = pos, **kwargs: Any) -> Any:
-            if "layer_idx" in kwargs:
-                kwargs["layer_idx"] = redirect.get(kwargs["layer_idx"], kwargs["layer_idx"])
-            elif len(args) > _pos:
-                args = (*args[:_pos], redirect.get(args[_pos], args[_pos]), *args[_pos + 1 :])
-            elif 0 in redirect:  # the default layer_idx is 0
-                kwargs["layer_idx"] = redirect[0]
-            return _method(*args, **kwargs)
-
-        shadowed[name] = vars(cache).get(name)
-        setattr(cache, name, call)
-    try:
-        yield
-    finally:
-        for name, before in shadowed.items():
-            if before is None:
-                delattr(cache, name)
-            else:
-                setattr(cache, name, before)
-
-
-class LayerSkipper:
-    """One-token forwards of the target with the blocks in `skip` left out, on the target's cache.
-
-    The model's own forward runs (its embeddings, learned or rotary positions, attention masks,
-    final norm and LM head) with its block list swapped for the kept blocks for the duration of
-    the call. Kept blocks keep their layer indices, so they read and write their own cache
-    entries; positions are given explicitly, and the cache answers the model's length questions
-    about skipped layers with a kept layer's (`lengths_from`). A probe on construction checks
-    that the stack honours this (a cached step equals the layer-skipped forward without a cache).
-    """
-
-    def __init__(self, model: torch.nn.Module, skip: list[int]) -> None:
-        self.model = model
-        self.blocks_name, layers = decoder_blocks(model)
-        n = len(layers)
-        bad = [i for i in skip if not 0 <= i < n]
-        if bad or len(set(skip)) == n:
-            raise SpecbenchError(f"self_spec skip_layers {sorted(skip)} must be distinct indices in 0..{n - 1} "
-                                 "and keep at least one layer")
-        self.kept_index = [i for i in range(n) if i not in set(skip)]
-        self.skipped_index = sorted(set(skip))
-        self.kept_fraction = len(self.kept_index) / n
-        self.only_kept = OnlyBlocks(model, self.blocks_name, self.kept_index)
-        self._redirects: tuple[Any, int, dict[int, int]] | None = None  # (weakref to cache, layers, redirect)
-        if skip:
-            problem = self._probe()
-            if problem:
-                raise SpecbenchError(f"self_spec cannot skip layers of {type(model).__name__} "
-                                     f"({self.blocks_name}): {problem}")
-
-    def _redirect(self, cache: Any) -> dict[int, int]:
-        """Skipped layer -> the first kept layer whose cache layer is of the same kind (class and
-        window); remembered for the cache it was worked out for."""
-        layers = getattr(cache, "layers", None) or []
-        known = self._redirects
-        if known is not None and known[0]() is cache and known[1] == len(layers):
-            return known[2]
-
-        def kind(i: int) -> tuple[type, Any]:
-            return type(layers[i]), getattr(layers[i], "sliding_window", None)
-
-        out = {}
-        for i in self.skipped_index:
-            if i < len(layers):
-                same = [j for j in self.kept_index if j < len(layers) and kind(j) == kind(i)]
-                if same:
-                    out[i] = same[0]
-        self._redirects = (weakref.ref(cache), len(layers), out)
-        return out
-
-    def _forward(self, ids: torch.Tensor, start: int, cache: Any) -> torch.Tensor:
-        """Logits (1, n, V) of the kept blocks over `ids` at positions start.. on `cache` (None: a new one)."""
-        positions = torch.arange(start, start + int(ids.shape[1]), device=ids.device)[None]
-        if cache is None:  # made here: one the model made would follow the narrowed per-layer settings
-            cache = DynamicCache(config=self.model.config)
-        with self.only_kept, lengths_from(cache, self._redirect(cache)):
-            return self.model(input_ids=ids, cache=cache, use_cache=True, position_ids=positions).logits
-
-    def step(self, token: torch.Tensor, position: int, cache: Any) -> torch.Tensor:
-        """Logits (V,) after `token` at `position`; appends to the kept layers' cache entries."""
-        return self._forward(token.view(1, 1), position, cache)[0, -1]
-
-    def state(self, token: torch.Tensor, position: int, cache: Any) -> torch.Tensor:
-        """The kept blocks' last state (d,) after `token` at `position`, through the model's final
-        norm (what its LM head would read: an early exit); appends to the kept layers' cache entries."""
-        positions = torch.tensor([[position]], device=token.device)
-        with self.only_kept, lengths_from(cache, self._redirect(cache)):
-            out = self.model(input_ids=token.view(1, 1), cache=cache, use_cache=True, position_ids=positions,
-                             output_hidden_states=True, logits_to_keep=1)
-        return out.hidden_states[-1][0, -1]
-
-    def rollback(self, cache: Any, length: int) -> None:
-        """Cut the kept layers' entries back to `length` tokens."""
-        for i in self.kept_index:
-            layer = cache.layers[i]
-            extra = layer.get_seq_length() - length
-            if extra > 0:
-                layer.crop(-extra)
-
-    @torch.no_grad()
-    def _probe(self) -> str | None:
-        """Why the skipped stack cannot be trusted with the target's cache (None when it can).
-
-        On a prefix cached by the full model, two one-token steps (the skipped blocks' cache
-        entries then lag behind the kept ones, as while drafting) must give the logits of one
-        two-token forward of the kept blocks (nothing lags), and a rollback must undo them.
-        """
-        device = next(self.model.parameters()).device
-        vocab = int(self.model.get_output_embeddings().weight.shape[0])
-        ids = torch.tensor([[i % vocab for i in (1, 2, 3, 4, 5, 6)]], device=device)
-        try:
-            stepped, chunked = DynamicCache(config=self.model.config), DynamicCache(config=self.model.config)
-            for cache in (stepped, chunked):
-                self.model(input_ids=ids[:, :4], cache=cache, use_cache=True)
-            first = self.step(ids[0, 4], 4, stepped).float()
-            got = self.step(ids[0, 5], 5, stepped).float()
-            want = self._forward(ids[:, 4:], 4, chunked)[0].float()
-            self.rollback(stepped, 4)
-            again = self.step(ids[0, 4], 4, stepped).float()
-        except Exception as exc:  # noqa: BLE001 - any failure means "this stack is not supported"
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            return f"a layer-skipped forward raised {type(exc).__name__}: {first_line}"
-        scale = float(want.abs().max()) + 1.0
-        error = float(max((first - want[0]).abs().max(), (got - want[1]).abs().max(),
-                          (again - want[0]).abs().max())) / scale
-        if error > (1e-3 if want.dtype == torch.float32 and next(self.model.parameters()).dtype == torch.float32
-                    else 5e-2):
-            return f"its cached layer-skipped steps differ from one forward over the same tokens ({error:.2g})"
-        return None
-
-
-#: why methods that draft through the target's own cache (self_spec, ppd) cannot run batched
-SHARED_CACHE_BATCH_PROBLEM = ("it drafts through the target's own KV cache with layers skipped, and the batched "
-                              "engine's one padded cache for all rows has no per-row view for that")
+    """$SPECBENCH_SELF_SPEC_DIR if set, else $SPECBENCH_CACHE_DIR/self_spec (~/.cache/specbench/self_spec)."""
+    return env_folder(CACHE_ENV, cache_root() / "self_spec")
 
 
 class SelfSpecDrafter(Drafter):

@@ -23,7 +23,7 @@ from specbench.engine.api import GenerationResult, Prefilled
 from specbench.engine.verifier import Verdict
 from specbench.heads.checkpoint import head_folder
 from specbench.heads.specdec import MaskQueries, load_mask_queries, read_specdec_config
-from specbench.methods.sps import _fit_vocab, check_same_vocabulary, logits_width
+from specbench.methods.drafts import check_same_vocabulary, fit_vocab, logits_width, unseen_tokens
 from specbench.models import LoadedModel, load_model
 
 LOSSY_LABEL = "top-beta tolerance (lossy)"
@@ -60,10 +60,7 @@ class SpecDecDrafter(Drafter):
         k = min(self.block, ctx.max_depth)
         if k <= 0:
             return DraftTree.empty(ctx.device)
-        prompt_len = int(ctx.input_ids.shape[1])
-        new = torch.tensor(ctx.tokens[max(0, self.cached - prompt_len) :], dtype=torch.long, device=ctx.device)
-        if self.cached < prompt_len:
-            new = torch.cat([ctx.input_ids[0, self.cached :].to(ctx.device), new])
+        new = unseen_tokens(ctx, self.cached)
         model = self.draft.model
         x = model.get_input_embeddings()(new[None])
         if k > 1:
@@ -73,7 +70,7 @@ class SpecDecDrafter(Drafter):
         self.cached += int(new.shape[0])
         if k > 1:
             self.cache.crop(-(k - 1))  # the mask slots' entries go; the real tokens' stay
-        logits = _fit_vocab(out.logits[0, -k:], self.vocab_size)
+        logits = fit_vocab(out.logits[0, -k:], self.vocab_size)
         if self.sampling.greedy:
             return DraftTree.chain(logits.argmax(-1))
         probs = probs_from_logits(logits, self.sampling)

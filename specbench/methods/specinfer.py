@@ -27,7 +27,7 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, Verdict
 from specbench.engine.api import Prefilled
-from specbench.methods.sps import SpsDrafter, load_draft, logits_width
+from specbench.methods.drafts import SpsDrafter, load_draft, logits_width
 from specbench.models import LoadedModel
 
 

@@ -16,8 +16,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from specbench.analysis.audit import NOISE  # noqa: E402
 from specbench.analysis.batching import BatchPoint  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
+from specbench.core.answers import FIXED_SUFFIX  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
-from specbench.engine.budget import FIXED_SUFFIX  # noqa: E402
 
 # matplotlib's tab20, handed out in the registry's order: the built-ins (by name) first, then the
 # user's methods, so a new user method never recolours a built-in; other names by hash.

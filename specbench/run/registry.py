@@ -43,28 +43,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from specbench.core.answers import FIXED_SUFFIX
 from specbench.core.errors import SpecbenchError
 from specbench.core.resources import CONFIG_DIR
-from specbench.engine.api import GenerationResult, Method, Prefilled
-from specbench.engine.budget import FIXED_SUFFIX
-from specbench.models import LoadedModel
 
-__all__ = [
-    "GenerationResult", "Method", "MethodSpec", "Prefilled", "Registry", "build_method", "discover",
-    "register_with_hydra", "search_dirs",
-]
+if TYPE_CHECKING:  # the engine (and torch) load only when a method is built: listing methods needs neither
+    from specbench.engine.api import Method
+    from specbench.models import LoadedModel
+
+__all__ = ["MethodSpec", "Registry", "build_method", "discover", "register_with_hydra", "search_dirs"]
 
 BUILTIN, FOLDER, SEARCH_PATH, ENTRY_POINT = "built-in", "methods/", "search path", "entry point"
 SOURCES = (BUILTIN, FOLDER, SEARCH_PATH, ENTRY_POINT)
 ENTRY_POINT_GROUP = "specbench.methods"
 METHODS_DIR_ENV = "SPECBENCH_METHODS_DIR"
 DEFAULT_SUITES = ("bench",)
-HOW_TO_ADD = "to add one, write methods/<name>.yaml + methods/<name>.py (README: 'Add your method')"
+HOW_TO_ADD = "to add one, write methods/<name>.yaml + methods/<name>.py (docs/extending.md)"
 #: the last registry handed to Hydra: build_method looks for dotless impl modules in its folders
 _ACTIVE: Registry | None = None
 
@@ -348,6 +347,8 @@ def load_impl(impl: str, method: str) -> type:
         where = f"{methods_dir()}/<module>.py or an importable package.module"
         raise SpecbenchError(f"method '{method}' names impl '{impl}', which cannot be imported from {where}; "
                              "write impl as module.Class") from None
+    from specbench.engine.api import Method
+
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise SpecbenchError(f"method impl '{impl}' is not a specbench Method (subclass specbench.engine.Method)")
     return cls

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from specbench.zoo.store import COMPLETE, CONFIG_PATH, ensure_zoo, load_zoo_config
+from specbench.zoo.store import COMPLETE, CONFIG_PATH, check_may_build, ensure_zoo, load_zoo_config
 
 HEADS_CONFIG = CONFIG_PATH.with_name("zoo_heads.yaml")
 HEADS = ("eagle", "medusa", "hydra", "ppd", "eagle3", "specdec")
@@ -45,6 +45,7 @@ def ensure_heads() -> Path:
     final = heads_dir(zoo)
     if (final / HEADS_CARD).is_file():
         return final
+    check_may_build(final)
     with open(final.with_name(final.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reuses
         if (final / HEADS_CARD).is_file():

@@ -22,11 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.resources import CONFIG_DIR
+from specbench.core.resources import CONFIG_DIR, default_cache, env_folder
 
 #: Bump when a change of the zoo code changes what a build produces.
 ZOO_CODE_VERSION = "zoo-2"
 ENV_VAR = "SPECBENCH_ZOO_DIR"
+#: "0": never build the zoo or its heads on demand (an error instead)
+BUILD_VAR = "SPECBENCH_ZOO_BUILD"
 CONFIG_PATH = CONFIG_DIR / "zoo.yaml"
 COMPLETE = "COMPLETE"
 #: Measured on the 2-core CPU machine the zoo is sized for.
@@ -35,8 +37,7 @@ BUILD_TIME = "about 12 minutes on 2 CPU cores, 20 where the CPU lacks bf16 units
 
 def zoo_root() -> Path:
     """$SPECBENCH_ZOO_DIR if set, else ~/.cache/specbench/zoo."""
-    env = os.environ.get(ENV_VAR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specbench" / "zoo"
+    return env_folder(ENV_VAR, default_cache() / "zoo")
 
 
 def load_zoo_config(overrides: list[str] | None = None) -> DictConfig:
@@ -88,6 +89,13 @@ def _clear_leftovers(root: Path, digest: str) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
+def check_may_build(what: Path) -> None:
+    """Refuse to build `what` where SPECBENCH_ZOO_BUILD=0 (`make test-fast`: a tier that must not need the zoo)."""
+    if os.environ.get(BUILD_VAR) == "0":
+        raise SpecbenchError(f"{what} is not built and {BUILD_VAR}=0 forbids building it here (make test-fast runs "
+                             f"without the zoo); run `python -m specbench zoo build`, or unset {BUILD_VAR}")
+
+
 def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
     """The folder of the zoo for `cfg` (default: configs/zoo.yaml), built first if needed."""
     cfg = load_zoo_config() if cfg is None else cfg
@@ -95,6 +103,7 @@ def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
     final = root / digest
     if not force and is_complete(final):
         return final
+    check_may_build(final)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

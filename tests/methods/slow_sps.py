@@ -14,7 +14,8 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree
 from specbench.engine.api import Prefilled
-from specbench.methods.sps import SpS, SpsDrafter, SpsSettings, load_draft, logits_width
+from specbench.methods.drafts import SpsDrafter, load_draft, logits_width
+from specbench.methods.sps import SpS, SpsSettings
 
 
 @dataclass
