@@ -11,7 +11,6 @@ file lock like the zoo. The folder's name is the file's content hash: a changed 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import exclusive
 from specbench.core.questions import sha256_of
 from specbench.core.resources import CACHE_VAR, cache_root
 
@@ -72,8 +72,7 @@ def gguf_folder(path: str | os.PathLike, *, sha256: str | None = None) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecbenchError(f"cannot create {root} ({exc.strerror}); set {CACHE_ENV} to a writable folder") from exc
-    with open(root / f"{final.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reuses the folder
+    with exclusive(root / f"{final.name}.lock"):  # a second process waits, then reuses the folder
         if (final / SOURCE_FILE).is_file():
             return final
         _need_packages()

@@ -7,7 +7,6 @@ Layout: <output_dir>/<dataset>/<model>/<method>/temp-<t>/[batch-<B>/]run-<r>/{an
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import IO, Any
 import jsonlines
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import exclusive, write_atomic
 
 ANSWERS = "answers.jsonl"
 ERRORS = "errors.jsonl"  # questions that failed (reason per row); kept apart so answers stay upstream-readable
@@ -119,10 +119,7 @@ class AnswerWriter:
 
 
 def write_meta(path: str | os.PathLike, meta: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -151,9 +148,5 @@ def locked(folder: Path) -> Iterator[None]:
     """Hold an exclusive lock for a run folder, so parallel jobs (Hydra launchers) that reach
     the same folder (e.g. the shared baseline) take turns instead of writing twice."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with exclusive(folder.parent / f".{folder.name}.lock"):
+        yield

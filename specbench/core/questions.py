@@ -195,20 +195,3 @@ def fetch(url: str, dest: str | os.PathLike, sha256: str, *, timeout: float = 60
 def questions_jsonl(questions: Iterable[dict[str, Any]]) -> str:
     """Question dicts as the official file's JSONL text (UTF-8, one object a line)."""
     return "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in questions)
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temporary sibling and a rename: never half a file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode("utf-8"))
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target

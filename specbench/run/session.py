@@ -38,6 +38,7 @@ from specbench.core.answers import (
     write_meta,
 )
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import write_atomic
 from specbench.core.prompts import prompt_ids
 from specbench.core.resources import CONFIG_DIR
 from specbench.core.sampling import SamplingParams
@@ -87,7 +88,7 @@ def write_generated(dataset_cfg: DictConfig, path: Path) -> None:
             f"dataset=spec_bench dataset.path={path}, to regenerate the {dataset_cfg.name} set remove it or choose "
             "another dataset.path=..."
         )
-    data.write_atomic(path, text)
+    write_atomic(path, text)
 
 
 def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:

@@ -12,7 +12,8 @@ import pathlib
 from collections.abc import Callable
 from functools import lru_cache, partial
 
-from specbench.core.questions import questions_jsonl, write_atomic
+from specbench.core.files import write_atomic
+from specbench.core.questions import questions_jsonl
 from specbench.synth import math_reasoning, qa, rag, summarization, translation
 from specbench.synth.item import CATEGORIES, MT_BENCH_CATEGORIES, Generator, Item
 from specbench.synth.mt_bench import GENERATORS as MT_BENCH_GENERATORS
