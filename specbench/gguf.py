@@ -26,7 +26,6 @@ from specbench.core.resources import CACHE_VAR, cache_root
 
 #: The file a finished conversion writes last (its presence means the folder is complete).
 SOURCE_FILE = "source.json"
-CACHE_ENV = CACHE_VAR
 #: Bump when a change here changes what a conversion writes.
 GGUF_CODE_VERSION = "gguf-1"
 
@@ -71,7 +70,7 @@ def gguf_folder(path: str | os.PathLike, *, sha256: str | None = None) -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecbenchError(f"cannot create {root} ({exc.strerror}); set {CACHE_ENV} to a writable folder") from exc
+        raise SpecbenchError(f"cannot create {root} ({exc.strerror}); set {CACHE_VAR} to a writable folder") from exc
     with exclusive(root / f"{final.name}.lock"):  # a second process waits, then reuses the folder
         if (final / SOURCE_FILE).is_file():
             return final

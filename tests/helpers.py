@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 from specbench.analysis import frame
 from specbench.analysis.runs import Run
@@ -26,7 +26,7 @@ from specbench.core.sampling import SamplingParams, probs_from_logits, sample
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod, Verdict
-from specbench.models import LoadedModel, load_model
+from specbench.models import LoadedModel
 from specbench.run.registry import build_method
 
 REPO = Path(__file__).resolve().parents[1]
@@ -497,20 +497,16 @@ def sample_end_to_end(method: SpeculativeMethod, prompt: list[int], params: Samp
 # --- a tiny GPT-2 beside the tiny Llama and Qwen2 (test_architectures, the methods) ---------------
 
 
+#: the architectures of conftest's `targets` (the GPT-2 is saved by its `target_folders`) and of the
+#: trained-head fixtures but Medusa's and EAGLE's (those train on ARCHS)
+THREE_ARCHS = ["llama", "qwen2", "gpt2"]
+
+
 def save_tiny(folder: Path, config, tokenizer) -> Path:
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-def three_targets(tiny_models: dict[str, Path], root: Path) -> dict[str, LoadedModel]:
-    """The tiny Llama and Qwen2 of conftest plus a tiny GPT-2 with their tokenizer, loaded (the
-    three architectures the new methods' greedy tests run on)."""
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    folders = {**tiny_models, "gpt2": save_tiny(root / "gpt2", gpt2_config(tok), tok)}
-    return {arch: load_model(str(folders[arch]), device=torch.device("cpu"), dtype=torch.float32)
-            for arch in ("llama", "qwen2", "gpt2")}
 
 
 def gpt2_config(tok) -> GPT2Config:

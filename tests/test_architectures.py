@@ -19,7 +19,6 @@ from helpers import (
     assert_matches_baseline,
     assert_one_line_error,
     cli,
-    gpt2_config,
     method_cfg,
     prompt_of,
     save_tiny,
@@ -27,7 +26,7 @@ from helpers import (
 from specbench.core.errors import SpecbenchError
 from specbench.engine.layers import LayerSkipper, decoder_blocks
 from specbench.heads.eagle import EagleHead, head_config_for
-from specbench.models import LoadedModel, load_model
+from specbench.models import LoadedModel
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,17 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def folders(tiny_models, tmp_path_factory) -> dict[str, Path]:
-    """A tiny random GPT-2 (n_inner unset: MLP 4 x width) with the shared tokenizer, and the shared Llama."""
-    root = tmp_path_factory.mktemp("arch")
-    tok = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    return {"gpt2": save_tiny(root / "gpt2", gpt2_config(tok), tok), "llama": tiny_models["llama"]}
-
-
-@pytest.fixture(scope="module")
-def targets(folders) -> dict[str, LoadedModel]:
-    return {arch: load_model(str(path), device=CPU, dtype=torch.float32) for arch, path in folders.items()}
+# The tiny GPT-2 (n_inner unset: MLP 4 x width) and Llama: conftest's session `target_folders` and `targets`.
 
 
 def greedy_chats(target: LoadedModel, path: Path, n_new: int = 60) -> Path:
@@ -63,13 +52,14 @@ def greedy_chats(target: LoadedModel, path: Path, n_new: int = 60) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpt2_heads(folders, targets, tmp_path_factory) -> dict[str, Path]:
-    """An EAGLE and a Medusa head for the GPT-2, trained by `train-head` (a few seconds each)."""
+def gpt2_heads(target_folders, targets, tmp_path_factory) -> dict[str, Path]:
+    """An EAGLE and a Medusa head for the GPT-2, trained by `train-head` (a few seconds each) on the
+    GPT-2's greedy chats: the command end to end on a GPT-2, so not conftest's session heads."""
     root = tmp_path_factory.mktemp("gpt2-heads")
     corpus = greedy_chats(targets["gpt2"], root / "chats.jsonl")
     out = {}
     for name, extra in (("eagle", ["lr=0.005"]), ("medusa", ["heads=3", "train_projections=true", "lr=0.01"])):
-        result = cli("train-head", f"method={name}", "model=local", f"model.path={folders['gpt2']}",
+        result = cli("train-head", f"method={name}", "model=local", f"model.path={target_folders['gpt2']}",
                      f"corpus={corpus}", f"out={root / name}", "tokens=4000", "steps=40", "seq_len=256",
                      "threads=1", *extra, cwd=root)
         assert result.code == 0, result
@@ -132,10 +122,10 @@ def test_gpt2_heads_greedy_equal_the_baseline(targets, gpt2_heads, name):
 # --- train-head's pad id ------------------------------------------------------------------------
 
 
-def test_train_head_falls_back_from_a_pad_id_beyond_the_embedding(folders, tmp_path):
+def test_train_head_falls_back_from_a_pad_id_beyond_the_embedding(target_folders, tmp_path):
     """A tokenizer that adds its pad token after the model's vocabulary: EOS pads, said once."""
     folder = tmp_path / "gpt2-pad"
-    shutil.copytree(folders["gpt2"], folder)
+    shutil.copytree(target_folders["gpt2"], folder)
     tok = AutoTokenizer.from_pretrained(folder)
     tok.add_special_tokens({"pad_token": "<|pad|>"})
     tok.save_pretrained(folder)
@@ -234,7 +224,8 @@ def test_unsupported_stacks_are_named():
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_num_value_heads=2, linear_num_key_heads=2,
         linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1,
         moe_intermediate_size=16, shared_expert_intermediate_size=16)).eval()
-    with pytest.raises(SpecbenchError, match=r"self_spec cannot skip layers of Qwen3NextForCausalLM \(model\.layers\)"):
+    refused = r"^cannot skip layers of Qwen3NextForCausalLM \(model\.layers\): .*; use a method that runs every layer"
+    with pytest.raises(SpecbenchError, match=refused):
         LayerSkipper(hybrid, [1])
 
 
@@ -341,7 +332,15 @@ TRAIN_CASES = [
     (["method=medusa", "model=local", "model.path={gpt2}", "lr=0"], r"lr='0' must be a positive number"),
     (["method=medusa", "model=local", "model.path={gpt2}", "out={root}/a-file"], r"a-file is a file, not a folder"),
     (["method=medusa", "model=local", "model.path={gpt2}", "out={root}/a-file/head"], r"a-file is a file"),
-    (["method=eagle", "model=local", "model.path={gpt2}", "heads=3"], r"heads apply to method=medusa and hydra only"),
+    (["method=eagle", "model=local", "model.path={gpt2}", "heads=3"], r"heads apply to method=medusa only"),
+    (["method=hydra", "model=local", "model.path={gpt2}", "heads=2"],
+     r"method=hydra trains through its own recipe and takes its settings as method\.train\.KEY=VALUE"),
+    (["method=hydra", "model=local", "model.path={gpt2}", "method.train.num_layers=0"],
+     r"setting 'num_layers' must be >= 1, got 0"),
+    (["method=hydra", "model=local", "model.path={gpt2}", "method.train.colour=red"],
+     r"Could not override 'method\.train\.colour'.*method\.train\.KEY"),
+    (["method=eagle3", "model=local", "model.path={gpt2}", "feature_layers=2,4,8"],
+     r"feature_layers: give one value \(a list is written feature_layers=\[a,b\]\)"),
     (["method=medusa", "model=local", "model.path={gpt2}", "train_projections=maybe"], r"must be true or false"),
     (["method=medusa", "model=local", "model.path={gpt2}", "threads=0"], r"threads=0 must be at least 1"),
     (["method=medusa", "model=local", "model.path={gpt2}", "colour=red"], r"unknown train-head key 'colour'"),
@@ -357,14 +356,14 @@ TRAIN_CASES = [
 
 
 @pytest.fixture(scope="module")
-def bad_input_root(folders, gpt2_heads, tmp_path_factory) -> dict[str, Path]:
+def bad_input_root(target_folders, gpt2_heads, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad-heads")
     (root / "q.jsonl").write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["the quick fox"]}) + "\n")
     (root / "a-file").write_text("not a folder")
     (root / "short.jsonl").write_text("".join(json.dumps({"text": f"the fox {i}"}) + "\n" for i in range(6)))
-    tok = AutoTokenizer.from_pretrained(folders["gpt2"])
+    tok = AutoTokenizer.from_pretrained(target_folders["gpt2"])
     small = save_tiny(root / "small-vocab", GPT2Config(vocab_size=100, n_embd=16, n_layer=1, n_head=2), tok)
-    return {"root": root, "gpt2": folders["gpt2"], "small": small}
+    return {"root": root, "gpt2": target_folders["gpt2"], "small": small}
 
 
 @pytest.mark.parametrize(("case", "pattern"), [*HEAD_CASES, *((" ".join(a), p) for a, p in TRAIN_CASES)],

@@ -13,29 +13,28 @@ import torch
 from helpers import (
     CPU,
     EMPTY,
+    THREE_ARCHS,
     assert_matches_baseline,
     assert_one_line_error,
     chi_square_p,
     cli,
     exact_first_three,
-    greedy_rows,
     method_cfg,
     sample_end_to_end,
-    three_targets,
     tiny_vocab_model,
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import SpeculativeMethod
 from specbench.heads.eagle import head_config_for
-from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3, save_eagle3
-from specbench.heads.train import collect_features, train_eagle3
+from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3
+from specbench.heads.train import train_eagle3
 from specbench.methods.eagle import Eagle3Drafter
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ARCHS = ["llama", "qwen2", "gpt2"]
+ARCHS = THREE_ARCHS  # conftest's `targets` and `eagle3_heads` (trained once per session; Qwen2's with 120 draft tokens)
 #: the published EAGLE-3 key layout (one decoder layer)
 PUBLISHED_KEYS = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.input_layernorm.weight",
@@ -45,49 +44,22 @@ PUBLISHED_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
-def targets(tiny_models, tmp_path_factory):
-    return three_targets(tiny_models, tmp_path_factory.mktemp("eagle3-models"))
-
-
-def _data(target):
-    ids, valid = greedy_rows(target)
-    layers = feature_layers(int(target.model.config.num_hidden_layers))
-    return collect_features(target.model, ids, valid, layers=layers)
-
-
-@pytest.fixture(scope="module")
-def heads(targets, tmp_path_factory) -> dict[str, Path]:
-    """Per architecture, an EAGLE-3 head trained on the target's own greedy text; the Qwen2 one
-    with a reduced draft vocabulary (the 120 most frequent tokens)."""
-    root = tmp_path_factory.mktemp("eagle3-heads")
-    out = {}
-    for arch in ARCHS:
-        target = targets[arch]
-        model = target.model
-        head, stats = train_eagle3(_data(target), model.get_input_embeddings(), model.get_output_embeddings(),
-                                   model.config, steps=150, batch_rows=3, window=48, lr=5e-3,
-                                   draft_vocab=120 if arch == "qwen2" else None)
-        assert stats.accuracy[0] > 0.5, stats  # step 0 learned the target's next tokens
-        out[arch] = save_eagle3(head, root / arch)
-    return out
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equals_baseline(targets, heads, arch):
+def test_greedy_equals_baseline(targets, eagle3_heads, arch):
     target = targets[arch]
-    method = build_method(method_cfg("eagle3", head=str(heads[arch])), target, EMPTY)
+    method = build_method(method_cfg("eagle3", head=str(eagle3_heads[arch])), target, EMPTY)
     results = assert_matches_baseline(method, target)
     assert sum(r.stats["accepted_tokens"] for r in results) > 0
     assert any(r.stats.get("tree_steps", 0) for r in results)
     assert method.extra_parameters() == sum(p.numel() for p in method.head.parameters())
-    small = build_method(method_cfg("eagle3", head=str(heads[arch]), depth=2, top_k=2, total_tokens=5), target, EMPTY)
+    small = build_method(method_cfg("eagle3", head=str(eagle3_heads[arch]), depth=2, top_k=2, total_tokens=5), target,
+                         EMPTY)
     assert_matches_baseline(small, target, lengths=(2, 30))
 
 
-def test_reduced_vocabulary_drafts_only_its_tokens(targets, heads):
+def test_reduced_vocabulary_drafts_only_its_tokens(targets, eagle3_heads):
     target = targets["qwen2"]
-    method = build_method(method_cfg("eagle3", head=str(heads["qwen2"])), target, EMPTY)
+    method = build_method(method_cfg("eagle3", head=str(eagle3_heads["qwen2"])), target, EMPTY)
     head = method.head
     assert head.draft_vocab_size == 120 and int(head.t2d.sum()) == 120
     drafted = []
@@ -103,16 +75,16 @@ def test_reduced_vocabulary_drafts_only_its_tokens(targets, heads):
     assert drafted and all(bool(head.t2d[t]) for t in drafted)
 
 
-def test_training_time_test_teaches_the_later_steps(targets):
+def test_training_time_test_teaches_the_later_steps(targets, greedy_features):
     """Unrolled training: step 1 (the head on its own outputs) agrees with the target far more
-    often after training with ttt_steps=2 than with ttt_steps=1 (never trained on its outputs)."""
-    target = targets["llama"]
-    model = target.model
-    data = _data(target)
+    often after training with ttt_steps=2 than with ttt_steps=1 (never trained on its outputs).
+    (Its own trainings: ttt_steps is what it varies; the features are the session's.)"""
+    model = targets["llama"].model
+    data = greedy_features("llama", feature_layers(int(model.config.num_hidden_layers)))
     accuracy = {}
     for ttt in (1, 2):
         _, stats = train_eagle3(data, model.get_input_embeddings(), model.get_output_embeddings(), model.config,
-                                steps=150, batch_rows=3, window=48, lr=5e-3, ttt_steps=ttt)
+                                steps=150, batch_rows=3, window=48, lr=5e-3, ttt_steps=ttt, seed=0)
         accuracy[ttt] = stats.accuracy
     assert len(accuracy[2]) == 2 and accuracy[2][1] > 0.3
 
@@ -135,11 +107,11 @@ def test_sampled_generation_follows_the_target():
     assert chi_square_p(counts, exact_first_three(target, prompt, params)) > 1e-3
 
 
-def test_published_layout_loads(targets, heads, tmp_path):
+def test_published_layout_loads(targets, eagle3_heads, tmp_path):
     """A release as published: pytorch_model.bin only, embed_tokens.weight beside the head's
     keys, the EAGLE-3 architecture in config.json."""
     target = targets["llama"]
-    saved = heads["llama"]
+    saved = eagle3_heads["llama"]
     state = torch.load(saved / "pytorch_model.bin", weights_only=True)
     assert set(state) == PUBLISHED_KEYS
     d = target.model.config.hidden_size
@@ -158,7 +130,7 @@ def test_published_layout_loads(targets, heads, tmp_path):
     assert torch.equal(loaded.d2t, state["d2t"])
 
 
-def test_bad_checkpoints_get_clear_errors(targets, heads, tmp_path):
+def test_bad_checkpoints_get_clear_errors(targets, eagle3_heads, tmp_path):
     target = targets["llama"]
     d = target.model.config.hidden_size
     vocab = target.model.get_output_embeddings().weight.shape[0]
@@ -166,9 +138,9 @@ def test_bad_checkpoints_get_clear_errors(targets, heads, tmp_path):
     def copy(name: str, config_changes: dict | None = None, state_changes: dict | None = None) -> Path:
         folder = tmp_path / name
         folder.mkdir()
-        config = {**json.loads((heads["llama"] / "config.json").read_text()), **(config_changes or {})}
+        config = {**json.loads((eagle3_heads["llama"] / "config.json").read_text()), **(config_changes or {})}
         (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
-        state = torch.load(heads["llama"] / "pytorch_model.bin", weights_only=True)
+        state = torch.load(eagle3_heads["llama"] / "pytorch_model.bin", weights_only=True)
         for key, value in (state_changes or {}).items():
             if value is None:
                 del state[key]
@@ -181,12 +153,12 @@ def test_bad_checkpoints_get_clear_errors(targets, heads, tmp_path):
         load_eagle3(copy("eagle1", {"architectures": ["LlamaForCausalLM"], "specbench_head": "eagle"}), d, vocab, CPU,
                     torch.float32)
     with pytest.raises(SpecbenchError, match="hidden size .* trained for another model"):
-        load_eagle3(heads["llama"], d * 2, vocab, CPU, torch.float32)
+        load_eagle3(eagle3_heads["llama"], d * 2, vocab, CPU, torch.float32)
     with pytest.raises(SpecbenchError, match="draft_vocab_size is None"):
         load_eagle3(copy("novocab", {"draft_vocab_size": None}), d, vocab, CPU, torch.float32)
     with pytest.raises(SpecbenchError, match="missing midlayer.hidden_norm.weight"):
         load_eagle3(copy("nonorm", state_changes={"midlayer.hidden_norm.weight": None}), d, vocab, CPU, torch.float32)
-    bad_map = torch.load(heads["llama"] / "pytorch_model.bin", weights_only=True)["d2t"].clone()
+    bad_map = torch.load(eagle3_heads["llama"] / "pytorch_model.bin", weights_only=True)["d2t"].clone()
     bad_map[-1] += vocab
     with pytest.raises(SpecbenchError, match="d2t maps draft tokens outside"):
         load_eagle3(copy("badmap", state_changes={"d2t": bad_map}), d, vocab, CPU, torch.float32)
@@ -208,14 +180,14 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     # other fused layers than the published rule's: recorded in config.json, used when drafting
     top = tmp_path / "eagle3-top"
     done = cli("train-head", "method=eagle3", "model=local", f"model.path={tiny_models['llama']}", f"corpus={corpus}",
-               f"out={top}", "tokens=2000", "steps=3", "feature_layers=0,1,2", cwd=tmp_path)
+               f"out={top}", "tokens=2000", "steps=3", "feature_layers=[0,1,2]", cwd=tmp_path)
     assert done.code == 0, done
     assert json.loads((top / "config.json").read_text())["eagle3_layers"] == [0, 1, 2]
     method = build_method(method_cfg("eagle3", head=str(top)), targets["llama"], EMPTY)
     assert method.drafter.layers == (0, 1, 2)
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
-    for spec, message in (("1,2", "give three comma-separated hidden_states indices"),
-                          ("0,1,5", r"give three hidden_states indices in 0..2")):
+    for spec, message in (("[1,2]", r"give three hidden_states indices, e.g. feature_layers=\[2,4,8\]"),
+                          ("[0,1,5]", r"give three hidden_states indices in 0..2")):
         bad = cli("train-head", "method=eagle3", "model=local", f"model.path={tiny_models['llama']}",
                   f"corpus={corpus}", f"out={tmp_path / 'x'}", "tokens=2000", "steps=3", f"feature_layers={spec}",
                   cwd=tmp_path)

@@ -1,14 +1,16 @@
 """EAGLE-1, EAGLE-2 and Medusa: lossless decoding with trained heads, and the published checkpoint formats.
 
-Heads are trained here in seconds on the tiny random targets' own greedy text (so drafts get
-accepted and every path of the engine is exercised); sampled losslessness runs the engine's
-chi-square test through these drafters on a five-token target.
+The heads are conftest's `medusa_heads` and `eagle_heads`, trained once per session in seconds on
+the tiny random targets' own greedy text (so drafts get accepted and every path of the engine is
+exercised); sampled losslessness runs the engine's chi-square test through these drafters on a
+five-token target.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +26,6 @@ from helpers import (
     assert_matches_baseline,
     chi_square_p,
     exact_first_three,
-    greedy_rows,
     method_cfg,
     sample_end_to_end,
     specbench,
@@ -33,9 +34,8 @@ from helpers import (
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import SpeculativeMethod
-from specbench.heads.eagle import EagleHead, head_config_for, load_eagle, save_eagle
-from specbench.heads.medusa import MedusaHeads, load_medusa, save_medusa
-from specbench.heads.train import collect_features, train_eagle, train_medusa
+from specbench.heads.eagle import EagleHead, head_config_for, load_eagle
+from specbench.heads.medusa import MedusaHeads, load_medusa
 from specbench.heads.trees import EAGLE_MC_SIM_7B_63, build_tree
 from specbench.methods.eagle import DynamicTreeDrafter, StaticTreeDrafter
 from specbench.methods.medusa import MedusaDrafter
@@ -46,32 +46,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def heads(targets, tmp_path_factory) -> dict[str, dict[str, Path]]:
-    """Per architecture, a Medusa and an EAGLE head trained on the target's own greedy text."""
-    root = tmp_path_factory.mktemp("heads")
-    out = {}
-    for arch in ARCHS:
-        target = targets[arch]
-        ids, valid = greedy_rows(target)
-        data = collect_features(target.model, ids, valid)
-        lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
-        medusa, _ = train_medusa(data, lm_head, num_heads=3, steps=150, batch_positions=128, lr=1e-2,
-                                 train_projections=True)
-        eagle, _ = train_eagle(data, embed, lm_head, target.model.config, steps=150, batch_rows=3, window=48, lr=5e-3)
-        out[arch] = {"medusa": save_medusa(medusa, root / arch / "medusa"),
-                     "eagle": save_eagle(eagle, root / arch / "eagle")}
-    return out
-
-
 # --- greedy: outputs equal the baseline's -------------------------------------------------------
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", ["eagle", "eagle2", "medusa"])
-def test_greedy_equals_baseline(targets, heads, arch, name):
+def test_greedy_equals_baseline(targets, medusa_heads, eagle_heads, arch, name):
     target = targets[arch]
-    folder = heads[arch]["medusa" if name == "medusa" else "eagle"]
+    folder = (medusa_heads if name == "medusa" else eagle_heads)[arch]
     method = build_method(method_cfg(name, head=str(folder)), target, EMPTY)
     results = assert_matches_baseline(method, target)
     assert all("tree_fallback" not in r.stats for r in results)
@@ -82,21 +64,21 @@ def test_greedy_equals_baseline(targets, heads, arch, name):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_other_trees_and_budgets(targets, heads, arch):
+def test_other_trees_and_budgets(targets, medusa_heads, eagle_heads, arch):
     target = targets[arch]
-    eagle = str(heads[arch]["eagle"])
+    eagle = str(eagle_heads[arch])
     for name, overrides in [("eagle", {"choices": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]}),
                             ("eagle", {"num_nodes": 4}), ("eagle2", {"depth": 0, "top_k": 3, "total_tokens": 3}),
                             ("eagle2", {"depth": 7, "top_k": 2, "total_tokens": 12}),
                             ("medusa", {"choices": [[0], [0, 0], [1], [0, 0, 0], [0, 0, 0, 0]]})]:
-        head = str(heads[arch]["medusa"]) if name == "medusa" else eagle
+        head = str(medusa_heads[arch]) if name == "medusa" else eagle
         method = build_method(method_cfg(name, head=head, **overrides), target, EMPTY)
         assert_matches_baseline(method, target, lengths=(2, 30))
 
 
-def test_eagle2_trees_respect_the_budget(targets, heads):
+def test_eagle2_trees_respect_the_budget(targets, eagle_heads):
     target = targets["llama"]
-    method = build_method(method_cfg("eagle2", head=str(heads["llama"]["eagle"]), depth=4, top_k=3,
+    method = build_method(method_cfg("eagle2", head=str(eagle_heads["llama"]), depth=4, top_k=3,
                                       total_tokens=9), target, EMPTY)
     results = assert_matches_baseline(method, target, lengths=(40,))
     lengths = [n for r in results for n in r.stats["draft_lengths"]]
@@ -201,21 +183,19 @@ def test_published_layouts_load_and_drive_generation(targets, tmp_path, name):
     assert method.extra_parameters() > 0
 
 
-def test_saved_heads_round_trip_in_both_files(targets, heads, tmp_path):
+def test_saved_heads_round_trip_in_both_files(targets, medusa_heads, eagle_heads, tmp_path):
     target = targets["llama"]
     d = target.model.config.hidden_size
     vocab = target.model.get_output_embeddings().weight.shape[0]
-    eagle_folder = heads["llama"]["eagle"]
+    eagle_folder = eagle_heads["llama"]
     assert {"config.json", "model.safetensors", "pytorch_model.bin"} <= {p.name for p in eagle_folder.iterdir()}
     first = load_eagle(eagle_folder, d, vocab, CPU, torch.float32)
-    (eagle_folder / "model.safetensors").rename(tmp_path / "moved.safetensors")  # the published file alone
-    try:
-        second = load_eagle(eagle_folder, d, vocab, CPU, torch.float32)
-    finally:
-        (tmp_path / "moved.safetensors").rename(eagle_folder / "model.safetensors")
+    published = shutil.copytree(eagle_folder, tmp_path / "published")  # the shared head's folder stays whole
+    (published / "model.safetensors").unlink()  # the published file alone
+    second = load_eagle(published, d, vocab, CPU, torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
     assert "layers.0.input_layernorm.weight" not in first.state_dict()  # EAGLE-1's layer 0 layout
-    medusa_folder = heads["llama"]["medusa"]
+    medusa_folder = medusa_heads["llama"]
     pt = torch.load(medusa_folder / "medusa_lm_head.pt", weights_only=True)
     assert {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight"} <= set(pt)
     loaded = load_medusa(medusa_folder, d, vocab, CPU, torch.float32)
@@ -343,7 +323,6 @@ def test_zoo_stage_writes_every_head(targets, tmp_path):
     labels[:, 50:] = -100
     cfg = OmegaConf.create({"heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                                       "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
-                                      "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                                       "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
                                       "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
                                       "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}}})
@@ -353,7 +332,8 @@ def test_zoo_stage_writes_every_head(targets, tmp_path):
                           seed=lambda offset: offset)
     zoo_stage(ctx)
     assert ctx.card["heads"]["tokens"] == 4 * 50 and ctx.card["heads"]["medusa"]["steps"] == 3
-    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle"), ("hydra", "hydra"), ("ppd", "ppd"),
-                         ("eagle3", "eagle3"), ("specdec", "specdec")):
+    assert not (tmp_path / "hydra").exists()  # Hydra trains through its own recipe (tests/test_recipe.py)
+    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle"), ("ppd", "ppd"), ("eagle3", "eagle3"),
+                         ("specdec", "specdec")):
         method = build_method(method_cfg(name, head=str(tmp_path / folder)), target, EMPTY)
         assert_matches_baseline(method, target, lengths=(6,))

@@ -13,70 +13,47 @@ from helpers import (
     CPU,
     EMPTY,
     PROMPTS,
+    THREE_ARCHS,
     assert_matches_baseline,
     assert_one_line_error,
     chi_square_p,
     cli,
     exact_first_three,
-    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
-    three_targets,
     tiny_vocab_model,
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, SpeculativeMethod
-from specbench.heads.hydra import HydraHeads, load_hydra, save_hydra
-from specbench.heads.train import collect_features, train_hydra
+from specbench.heads.hydra import HydraHeads, load_hydra
 from specbench.heads.trees import build_tree
 from specbench.methods.hydra import HydraDrafter
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ARCHS = ["llama", "qwen2", "gpt2"]
-
-
-@pytest.fixture(scope="module")
-def targets(tiny_models, tmp_path_factory):
-    return three_targets(tiny_models, tmp_path_factory.mktemp("hydra-models"))
-
-
-@pytest.fixture(scope="module")
-def heads(targets, tmp_path_factory) -> dict[str, Path]:
-    """Per architecture, Hydra heads trained (distilled) on the target's own greedy text."""
-    root = tmp_path_factory.mktemp("hydra-heads")
-    out = {}
-    for arch in ARCHS:
-        target = targets[arch]
-        ids, valid = greedy_rows(target)
-        data = collect_features(target.model, ids, valid)
-        hydra, stats = train_hydra(data, target.model.get_input_embeddings(), target.model.get_output_embeddings(),
-                                   num_heads=3, num_layers=2, steps=120, batch_positions=128, lr=1e-2)
-        assert stats.accuracy[0] > 0.5  # the first head learned the target's text
-        out[arch] = save_hydra(hydra, root / arch)
-    return out
+ARCHS = THREE_ARCHS  # conftest's `targets` and `hydra_heads` (trained once per session, distilled)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equals_baseline(targets, heads, arch):
+def test_greedy_equals_baseline(targets, hydra_heads, arch):
     target = targets[arch]
-    method = build_method(method_cfg("hydra", head=str(heads[arch])), target, EMPTY)
+    method = build_method(method_cfg("hydra", head=str(hydra_heads[arch])), target, EMPTY)
     results = assert_matches_baseline(method, target)
     assert sum(r.stats["accepted_tokens"] for r in results) > 0
     assert any(r.stats.get("tree_steps", 0) for r in results)
     assert method.extra_parameters() == sum(p.numel() for p in method.heads.parameters())
-    small = build_method(method_cfg("hydra", head=str(heads[arch]), choices=[[0], [1], [0, 0], [1, 0], [0, 0, 0]]),
-                         target, EMPTY)
+    small = build_method(method_cfg("hydra", head=str(hydra_heads[arch]),
+                                    choices=[[0], [1], [0, 0], [1, 0], [0, 0, 0]]), target, EMPTY)
     assert_matches_baseline(small, target, lengths=(2, 30))
 
 
-def test_children_depend_on_their_parent(targets, heads):
+def test_children_depend_on_their_parent(targets, hydra_heads):
     """Medusa would give every depth-1 node the same children; Hydra's depend on the parent token."""
     target = targets["llama"]
-    method = build_method(method_cfg("hydra", head=str(heads["llama"]), choices=[[0], [1], [2], [0, 0], [1, 0],
+    method = build_method(method_cfg("hydra", head=str(hydra_heads["llama"]), choices=[[0], [1], [2], [0, 0], [1, 0],
                                                                                    [2, 0]]), target, EMPTY)
     input_ids = prompt_of(target, PROMPTS[1])
     state = method.prefill(input_ids, SamplingParams())
@@ -136,13 +113,13 @@ def published_hydra(folder: Path, target, num_heads: int = 2, num_layers: int = 
     return folder
 
 
-def test_published_layout_loads_and_round_trips(targets, heads, tmp_path):
+def test_published_layout_loads_and_round_trips(targets, hydra_heads, tmp_path):
     target = targets["llama"]
     folder = published_hydra(tmp_path / "published", target)
     method = build_method(method_cfg("hydra", head=str(folder)), target, EMPTY)
     assert_matches_baseline(method, target, lengths=(20,))
     d, vocab = target.model.config.hidden_size, target.model.get_output_embeddings().weight.shape[0]
-    saved = heads["llama"]
+    saved = hydra_heads["llama"]
     assert {"config.json", "hydra_lm_head.safetensors", "hydra_lm_head.pt"} <= {p.name for p in saved.iterdir()}
     first = load_hydra(saved, d, vocab, CPU, torch.float32)
     pt = torch.load(saved / "hydra_lm_head.pt", weights_only=True)
@@ -186,11 +163,11 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(["the quick brown fox jumps over the lazy dog"] * 6) for _ in range(20)))
     done = cli("train-head", "method=hydra", "model=local", f"model.path={tiny_models['llama']}", f"corpus={corpus}",
-               f"out={out}", "tokens=2000", "steps=5", "heads=2", cwd=tmp_path)
+               f"out={out}", "tokens=2000", "steps=5", "method.train.num_heads=2", cwd=tmp_path)
     assert done.code == 0, done
     method = build_method(method_cfg("hydra", head=str(out)), targets["llama"], EMPTY)
     assert method.heads.num_heads == 2
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
-    bad = cli("train-head", "method=hydra", "model=local", f"model.path={tiny_models['llama']}", "layers=0",
-              cwd=tmp_path)
-    assert_one_line_error(bad, "at least 1 layer")
+    bad = cli("train-head", "method=hydra", "model=local", f"model.path={tiny_models['llama']}",
+              "method.train.num_layers=0", cwd=tmp_path)
+    assert_one_line_error(bad, "setting 'num_layers' must be >= 1")

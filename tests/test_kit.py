@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from specbench import gguf as gg
 from specbench.core.errors import SpecbenchError
-from specbench.core.resources import CONFIG_DIR
+from specbench.core.resources import CACHE_VAR, CONFIG_DIR
 from specbench.kit import load_kit, source
 from specbench.models import load_model, resolve_path
 from specbench.run.config import compose_method, in_run
@@ -97,7 +97,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
 @pytest.fixture()
 def cache(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "cache"
-    monkeypatch.setenv(gg.CACHE_ENV, str(root))
+    monkeypatch.setenv(CACHE_VAR, str(root))
     return root
 
 

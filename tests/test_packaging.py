@@ -27,7 +27,7 @@ PACKAGE = ROOT / "specbench"
 SCRIPTS = sorted((ROOT / "scripts").glob("*.sh"))
 #: import name -> distribution name, where the two differ
 DISTRIBUTIONS = {"yaml": "pyyaml", "hydra": "hydra-core", "huggingface_hub": "huggingface-hub",
-                 "sklearn": "scikit-learn", "PIL": "pillow"}
+                 "sklearn": "scikit-learn", "PIL": "pillow", "markdown_it": "markdown-it-py"}
 
 
 def pyproject() -> dict:

@@ -17,6 +17,7 @@ import pytest
 
 from helpers import CATS, base_records, cli, record, write_run
 from specbench.core.answers import read_meta, write_meta
+from specbench.presentation.page import TEMPLATES
 
 pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
@@ -126,8 +127,11 @@ def test_page_is_self_contained_and_escaped(page):
     assert not re.search(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//""", text, re.I)
     assert not re.search(r"""url\(\s*["']?\s*(?:https?:)?//|@import""", text, re.I)
     assert text.count("<script") == 1 and "<script>" in text and 'rel="stylesheet"' not in text
+    # the template's CSS and JS come in verbatim (Jinja2 changes nothing in them)
+    for name in ("page.css", "page.js"):
+        assert (TEMPLATES / name).read_text(encoding="utf-8").strip() in text
     # user text is escaped: the odd method name and the script in its facts are shown, not run
-    assert "x&lt;b&gt;&amp;&quot;y" in text and ODD not in text
+    assert re.search(r"<summary>x&lt;b&gt;&amp;(?:&quot;|&#34;)y</summary>", text) and ODD not in text
     assert SCRIPT not in text and "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in text
     assert "&lt;i&gt;busy&lt;/i&gt;" in text  # the contention record, rendered generically
     assert text.count("<svg") == 5  # Figure 5 and acceptance at each temperature, Figure 6 once
@@ -197,6 +201,12 @@ def test_page_in_a_browser(page, driver):
     detail_rows = greedy.find_elements("css selector", "table.detail tbody tr")
     assert len(detail_rows) == len(expected)
 
+    # definitions and footnotes are Markdown: `code` becomes <code>; a method name in a footnote stays text
+    assert driver.find_element("css selector", "div.defs code").text == "report --recheck"
+    note = greedy.find_element("css selector", "div.note")
+    assert note.text.startswith("† Measured under contention") and ODD in note.text
+    assert note.find_elements("css selector", "b") == []
+
     # the temperature selector shows one section
     driver.execute_script("var s = document.querySelector('select.pick-section');"
                           "s.value = arguments[0]; s.dispatchEvent(new Event('change'));", sampled.get_attribute("id"))
@@ -218,3 +228,35 @@ def test_page_without_figures(page, driver, tmp_path):
     assert console_errors(driver) == []
     assert len(driver.find_elements("css selector", "section.group")) == 2
     assert len(driver.find_elements("css selector", "table.main tbody tr")) == 5 + 3
+
+
+def test_definitions_and_footnotes_are_markdown_with_raw_html_escaped(page):
+    """page.render on the fixture's groups, with Markdown and hostile HTML in the definitions and notes."""
+    from specbench.analysis import report
+    from specbench.presentation import leaderboard
+    from specbench.presentation.page import Tables, render
+
+    runs = report.load_runs(page.parent.parent / "answers", "upstream")
+    groups = [report.analyse(g) for g in report.group_runs(runs)]
+    tables = Tables(leaderboard.main_table, leaderboard.detail_table, leaderboard.environment_line, leaderboard.stem,
+                    f"Speedup: see `report --recheck`, **bold** and [a link](javascript:alert(1)). {SCRIPT}",
+                    main_notes=lambda group: ["† *contended* <img src=x onerror=alert(1)>"],
+                    detail_notes=lambda group: [f"- a {ODD} item"])
+    text = render(groups, tables)
+    assert ('<div class="defs"><p>Speedup: see <code>report --recheck</code>, <strong>bold</strong> and '
+            "[a link](javascript:alert(1)). &lt;script&gt;window.__pwned = 1&lt;/script&gt;</p>") in text
+    assert text.count("<script") == 1 and SCRIPT not in text and 'href="javascript' not in text
+    assert text.count('<div class="note"><p>† <em>contended</em> &lt;img src=x onerror=alert(1)&gt;</p>') == 2
+    assert "<img" not in text
+    assert text.count('<div class="note"><ul>\n<li>a x&lt;b&gt;&amp;&quot;y item</li>\n</ul>') == 2  # a Markdown list
+
+
+def test_the_template_files_ship_as_package_data():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parents[1]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    package = TEMPLATES.parent
+    shipped = {p for pattern in setuptools["package-data"]["specbench.presentation"] for p in package.glob(pattern)}
+    files = {p for p in TEMPLATES.rglob("*") if p.is_file()}
+    assert {"page.html.j2", "page.css", "page.js"} <= {p.name for p in files}
+    assert files <= shipped, f"not in the wheel: {sorted(str(p) for p in files - shipped)}"

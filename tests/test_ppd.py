@@ -4,7 +4,6 @@ sampled through the engine's chi-square test), its exit head format and `train-h
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,64 +11,40 @@ import torch
 from helpers import (
     EMPTY,
     PROMPTS,
+    THREE_ARCHS,
     assert_matches_baseline,
     assert_one_line_error,
     chi_square_p,
     cli,
     exact_first_three,
-    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
-    three_targets,
     tiny_vocab_model,
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import SpeculativeMethod
-from specbench.heads.exit import ExitHead, save_exit_head
-from specbench.heads.train import collect_exit_states, collect_features, train_exit_head
+from specbench.heads.exit import ExitHead
+from specbench.heads.train import collect_exit_states
 from specbench.methods.ppd import PpdDrafter
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ARCHS = ["llama", "qwen2", "gpt2"]
-
-
-@pytest.fixture(scope="module")
-def targets(tiny_models, tmp_path_factory):
-    return three_targets(tiny_models, tmp_path_factory.mktemp("ppd-models"))
-
-
-@pytest.fixture(scope="module")
-def heads(targets, tmp_path_factory) -> dict[str, Path]:
-    """Per architecture, an exit head after block 1 of 2, trained on the target's own greedy text."""
-    root = tmp_path_factory.mktemp("ppd-heads")
-    out = {}
-    for arch in ARCHS:
-        target = targets[arch]
-        ids, valid = greedy_rows(target)
-        data = collect_features(target.model, ids, valid)
-        states = collect_exit_states(target.model, ids, valid, exit_layer=1)
-        lm_head = target.model.get_output_embeddings()
-        head, stats = train_exit_head(data, states, lm_head, exit_layer=1, num_layers=2, steps=100,
-                                      batch_positions=128, lr=1e-2)
-        assert stats.accuracy[0] > 0.3
-        out[arch] = save_exit_head(head, root / arch, int(lm_head.weight.shape[0]))
-    return out
+ARCHS = THREE_ARCHS  # conftest's `targets` and `ppd_heads` (exit heads after block 1 of 2, trained once per session)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equals_baseline(targets, heads, arch):
+def test_greedy_equals_baseline(targets, ppd_heads, arch):
     target = targets[arch]
     # budget=fixed: every step verifies the preset's k siblings (a measured budget could keep fewer)
-    method = build_method(method_cfg("ppd", head=str(heads[arch]), budget="fixed"), target, EMPTY)
+    method = build_method(method_cfg("ppd", head=str(ppd_heads[arch]), budget="fixed"), target, EMPTY)
     results = assert_matches_baseline(method, target)
     assert sum(r.stats["accepted_tokens"] for r in results) > 0  # some early guesses were right
     assert all(a <= 2 for r in results for a in r.accept_lengths)  # one guessed token at most, + the bonus
     assert max(n for r in results for n in r.stats["draft_lengths"]) == 3  # k = 3 siblings
-    one = build_method(method_cfg("ppd", head=str(heads[arch]), candidates=1), target, EMPTY)
+    one = build_method(method_cfg("ppd", head=str(ppd_heads[arch]), candidates=1), target, EMPTY)
     assert_matches_baseline(one, target, lengths=(2, 30))
 
 
@@ -104,7 +79,7 @@ def test_sampled_generation_follows_the_target():
     assert chi_square_p(counts, exact_first_three(target, prompt, params)) > 1e-3
 
 
-def test_bad_heads_get_clear_errors(targets, heads, tmp_path):
+def test_bad_heads_get_clear_errors(targets, ppd_heads, tmp_path):
     target = targets["llama"]
     medusa = tmp_path / "medusa"
     medusa.mkdir()
@@ -113,16 +88,16 @@ def test_bad_heads_get_clear_errors(targets, heads, tmp_path):
         build_method(method_cfg("ppd", head=str(medusa)), target, EMPTY)
     broken = tmp_path / "broken"
     broken.mkdir()
-    config = json.loads((heads["llama"] / "config.json").read_text())
+    config = json.loads((ppd_heads["llama"] / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps({**config, "exit_layer": 2}))
-    (broken / "exit_head.safetensors").write_bytes((heads["llama"] / "exit_head.safetensors").read_bytes())
+    (broken / "exit_head.safetensors").write_bytes((ppd_heads["llama"] / "exit_head.safetensors").read_bytes())
     with pytest.raises(SpecbenchError, match="exit layer must be in 1..1"):
         build_method(method_cfg("ppd", head=str(broken)), target, EMPTY)
     (broken / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
     with pytest.raises(SpecbenchError, match="hidden_size=32, the target has 64: it was trained for another model"):
         build_method(method_cfg("ppd", head=str(broken)), target, EMPTY)
     with pytest.raises(SpecbenchError, match="candidates"):
-        build_method(method_cfg("ppd", head=str(heads["llama"]), candidates=0), target, EMPTY)
+        build_method(method_cfg("ppd", head=str(ppd_heads["llama"]), candidates=0), target, EMPTY)
 
 
 def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path):

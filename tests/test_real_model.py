@@ -22,7 +22,7 @@ from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer
 from specbench.kit import load_kit
-from specbench.kit.build import CARD, PARTS, group_dir
+from specbench.kit.build import PARTS, is_built
 from specbench.kit.source import recorded_target
 from specbench.models import load_model
 from specbench.run import registry
@@ -61,8 +61,8 @@ def smollm2():
 
 
 def missing_parts(method_cfg, model_cfg) -> list[str]:
-    """The kit groups a method needs that this machine has not built (a `draft: null` method takes the
-    model config's draft: hf_assisted's, for one)."""
+    """The kit parts a method needs that this machine has not built, groups and trained heads alike (a
+    `draft: null` method takes the model config's draft: hf_assisted's, for one)."""
     names = []
     for key in PART_KEYS:
         values = method_cfg.get(key)
@@ -70,9 +70,9 @@ def missing_parts(method_cfg, model_cfg) -> list[str]:
             values = model_cfg.get("draft")
         for value in (values if OmegaConf.is_list(values) else [values]):
             prefix, _, part = str(value).partition(":")
-            if prefix == KIT.name and part in PARTS:
-                names.append(PARTS[part])
-    return sorted({g for g in names if not (group_dir(KIT, g) / CARD).is_file()})
+            if prefix == KIT.name and part:
+                names.append(part)
+    return sorted({part for part in names if not is_built(KIT, part)})
 
 
 def decode(method, target, prompt):
@@ -88,8 +88,9 @@ def test_every_method_is_lossless_on_smollm2(smollm2, name):
     if str(cfg.facts.verification).startswith("LOSSY"):
         pytest.skip(f"{name} is lossy by design")
     if missing := missing_parts(cfg, model_cfg):
+        groups = sorted({PARTS.get(part, "heads") for part in missing})  # a trained head comes with `heads`
         pytest.skip(f"{name} needs smollm2's {', '.join(missing)}: `python -m specbench kit build smollm2 "
-                    f"--parts {','.join(missing)}`")
+                    f"--parts {','.join(groups)}`")
     if "budget" in cfg:
         with open_dict(cfg):
             cfg.budget = "fixed"

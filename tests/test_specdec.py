@@ -5,7 +5,6 @@ folder format, the labelled lossy option (`method=specdec_lossy`) and `train-hea
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,66 +12,41 @@ import torch
 from helpers import (
     EMPTY,
     PROMPTS,
+    THREE_ARCHS,
     VOCAB,
     assert_matches_baseline,
     assert_one_line_error,
     chi_square_p,
     cli,
     exact_first_three,
-    greedy_rows,
     method_cfg,
     prompt_of,
     sample_end_to_end,
-    three_targets,
     tiny_vocab_model,
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.engine import DraftTree, SpeculativeMethod
-from specbench.heads.specdec import MaskQueries, save_specdec, training_layout
-from specbench.heads.train import collect_features, train_specdec
+from specbench.heads.specdec import MaskQueries, training_layout
 from specbench.methods.specdec import SpecDecDrafter, verify_top_beta
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ARCHS = ["llama", "qwen2", "gpt2"]
-
-
-@pytest.fixture(scope="module")
-def targets(tiny_models, tmp_path_factory):
-    return three_targets(tiny_models, tmp_path_factory.mktemp("specdec-models"))
-
-
-@pytest.fixture(scope="module")
-def drafters(targets, tmp_path_factory) -> dict[str, Path]:
-    """Per architecture, a block-3 drafter started from a copy of the target and distilled on the
-    target's own greedy text (so its blocks are often right and the verifier's paths get used)."""
-    root = tmp_path_factory.mktemp("specdec-heads")
-    out = {}
-    for arch in ARCHS:
-        target = targets[arch]
-        ids, valid = greedy_rows(target)
-        data = collect_features(target.model, ids, valid)
-        lm_head = target.model.get_output_embeddings()
-        draft, queries, stats = train_specdec(data, target.model, lm_head, block=3, steps=60, batch_rows=4,
-                                              window=48, cuts=12, lr=3e-3)
-        assert stats.accuracy[0] > 0.5 and len(stats.accuracy) == 3
-        out[arch] = save_specdec(draft, queries, target.tokenizer, root / arch, int(lm_head.weight.shape[0]))
-    return out
+ARCHS = THREE_ARCHS  # conftest's `targets` and `specdec_drafters` (block 3, trained once per session)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equals_baseline(targets, drafters, arch):
+def test_greedy_equals_baseline(targets, specdec_drafters, arch):
     target = targets[arch]
     # budget=fixed: the preset's whole block is verified, which the mask-slot assertion below needs
-    method = build_method(method_cfg("specdec", head=str(drafters[arch]), budget="fixed"), target, EMPTY)
+    method = build_method(method_cfg("specdec", head=str(specdec_drafters[arch]), budget="fixed"), target, EMPTY)
     results = assert_matches_baseline(method, target)
     assert sum(r.stats["accepted_tokens"] for r in results) > 0  # the drafted blocks were used
     assert max(n for r in results for n in r.stats["draft_lengths"]) == 3  # one block of k = 3 per step
     assert max(a for r in results for a in r.accept_lengths) >= 3  # a mask slot's token was accepted
-    shorter = build_method(method_cfg("specdec", head=str(drafters[arch]), block=2), target, EMPTY)
+    shorter = build_method(method_cfg("specdec", head=str(specdec_drafters[arch]), block=2), target, EMPTY)
     assert_matches_baseline(shorter, target, lengths=(2, 30))
 
 
@@ -132,11 +106,11 @@ def test_top_beta_verification_is_the_papers_rule():
     assert (exact.path, exact.token) == ([], 0)  # beta 1, tau 0: exact matching
 
 
-def test_the_lossy_option_is_labelled_and_refused_where_it_does_not_apply(targets, drafters):
+def test_the_lossy_option_is_labelled_and_refused_where_it_does_not_apply(targets, specdec_drafters):
     target = targets["llama"]
     with pytest.raises(SpecbenchError, match="lossy; run method=specdec_lossy"):
-        build_method(method_cfg("specdec", head=str(drafters["llama"]), top_beta=3), target, EMPTY)
-    lossy = build_method(method_cfg("specdec_lossy", head=str(drafters["llama"])), target, EMPTY)
+        build_method(method_cfg("specdec", head=str(specdec_drafters["llama"]), top_beta=3), target, EMPTY)
+    lossy = build_method(method_cfg("specdec_lossy", head=str(specdec_drafters["llama"])), target, EMPTY)
     input_ids = prompt_of(target, PROMPTS[0])
     state = lossy.prefill(input_ids, SamplingParams())
     from specbench.core.timing import CpuTimer
@@ -148,15 +122,15 @@ def test_the_lossy_option_is_labelled_and_refused_where_it_does_not_apply(target
         lossy.decode(state, SamplingParams(temperature=1.0), StopCriteria.build((), 30), CpuTimer())
 
 
-def test_bad_drafters_get_clear_errors(targets, drafters, tmp_path):
+def test_bad_drafters_get_clear_errors(targets, specdec_drafters, tmp_path):
     target = targets["llama"]
     with pytest.raises(SpecbenchError, match="not a SpecDec drafter"):
         build_method(method_cfg("specdec", head=str(tmp_path)), target, EMPTY)
     with pytest.raises(SpecbenchError, match="trained for blocks of up to 3 tokens"):
-        build_method(method_cfg("specdec", head=str(drafters["llama"]), block=5), target, EMPTY)
+        build_method(method_cfg("specdec", head=str(specdec_drafters["llama"]), block=5), target, EMPTY)
     broken = tmp_path / "broken"
     broken.mkdir()
-    for f in drafters["llama"].iterdir():
+    for f in specdec_drafters["llama"].iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     config = json.loads((broken / "specdec.json").read_text())
     (broken / "specdec.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 1}))

@@ -228,4 +228,4 @@ def test_cli(tiny_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert zoo_main(["card", *TINY]) == 2
     assert "not built" in capsys.readouterr().err
     assert zoo_main(["build", "no.such.key=1"]) == 2
-    assert "bad zoo override" in capsys.readouterr().err
+    assert "unknown zoo setting 'no.such.key'" in capsys.readouterr().err

@@ -75,15 +75,16 @@ def _texts(spec: str, tokenizer: Any, split: str, text_field: str | None) -> tup
 
 def _resolve(spec: str) -> str:
     """`prefix:NAME` through the registered resolvers (specbench.models); other specs as given."""
-    prefix, sep, _ = spec.partition(":")
+    prefix, sep, name = spec.partition(":")
     if not sep or not prefix.isidentifier() or os.path.exists(spec):
         return spec
-    from specbench.models import find_resolver, resolve_path
+    from specbench.models import find_resolver
 
-    if find_resolver(prefix) is None:
+    resolve = find_resolver(prefix)
+    if resolve is None:
         raise SpecbenchError(f"corpus '{spec}': no resolver is registered for '{prefix}:'; give a file, a hub "
                              "dataset id or zoo:corpus")
-    return resolve_path(spec)
+    return str(resolve(name))
 
 
 def _paragraphs(path: Path) -> Iterator[str]:

@@ -92,8 +92,9 @@ class GenerationResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-#: Keys every method config has besides its settings: they name, build and describe the method.
-COMMON_KEYS = ("name", "impl", "facts", "suites")
+#: Keys every method config has besides its settings: they name, build and describe the method, and
+#: `train` holds a trained-head method's training settings (specbench.heads.recipe).
+COMMON_KEYS = ("name", "impl", "facts", "suites", "train")
 
 
 @dataclass

@@ -20,6 +20,10 @@ from transformers import DynamicCache
 
 from specbench.core.errors import SpecbenchError
 
+#: the way out every refusal below names: its callers (self_spec's draft, PPD's early exit, the
+#: training of PPD's head) all need layers left out, so the fix is another method or model
+FIX = "use a method that runs every layer (self_spec and ppd skip some) or a model of a supported stack"
+
 
 def decoder_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     """The dotted name and the ModuleList of a decoder's blocks: the shallowest ModuleList as
@@ -30,19 +34,19 @@ def decoder_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     n = getattr(text, "num_hidden_layers", None)
     kind = type(model).__name__
     if not isinstance(n, int) or n < 1:
-        raise SpecbenchError(f"self_spec cannot skip layers of {kind}: its config has no num_hidden_layers")
+        raise SpecbenchError(f"cannot skip layers of {kind}: its config has no num_hidden_layers; {FIX}")
     found = [(name, module) for name, module in model.named_modules()
              if isinstance(module, torch.nn.ModuleList) and len(module) == n and name
              and len({type(block) for block in module}) == 1]
     if not found:
-        raise SpecbenchError(f"self_spec cannot skip layers of {kind}: it has no ModuleList of {n} decoder blocks of "
-                             "one class (supported: stacks that keep their blocks in one list, such as Llama-like "
-                             "model.layers and GPT-2-like transformer.h; hybrid stacks are not)")
+        raise SpecbenchError(f"cannot skip layers of {kind}: it has no ModuleList of {n} decoder blocks of one class "
+                             "(supported: stacks that keep their blocks in one list, such as Llama-like model.layers "
+                             f"and GPT-2-like transformer.h; hybrid stacks are not); {FIX}")
     depth = min(name.count(".") for name, _ in found)
     shallowest = [(name, module) for name, module in found if name.count(".") == depth]
     if len(shallowest) > 1:
         names = ", ".join(name for name, _ in shallowest)
-        raise SpecbenchError(f"self_spec cannot tell the decoder blocks of {kind} apart: {names} all hold {n} blocks")
+        raise SpecbenchError(f"cannot tell the decoder blocks of {kind} apart: {names} all hold {n} blocks; {FIX}")
     return shallowest[0]
 
 
@@ -134,8 +138,9 @@ class LayerSkipper:
         n = len(layers)
         bad = [i for i in skip if not 0 <= i < n]
         if bad or len(set(skip)) == n:
-            raise SpecbenchError(f"self_spec skip_layers {sorted(skip)} must be distinct indices in 0..{n - 1} "
-                                 "and keep at least one layer")
+            raise SpecbenchError(f"cannot skip layers {sorted(skip)} of a {n}-block model: they must be distinct "
+                                 f"indices in 0..{n - 1} and keep at least one (self_spec: method.skip_layers; ppd: "
+                                 "its head's exit layer)")
         self.kept_index = [i for i in range(n) if i not in set(skip)]
         self.skipped_index = sorted(set(skip))
         self.kept_fraction = len(self.kept_index) / n
@@ -144,8 +149,8 @@ class LayerSkipper:
         if skip:
             problem = self._probe()
             if problem:
-                raise SpecbenchError(f"self_spec cannot skip layers of {type(model).__name__} "
-                                     f"({self.blocks_name}): {problem}")
+                raise SpecbenchError(f"cannot skip layers of {type(model).__name__} ({self.blocks_name}): "
+                                     f"{problem}; {FIX}")
 
     def _redirect(self, cache: Any) -> dict[int, int]:
         """Skipped layer -> the first kept layer whose cache layer is of the same kind (class and

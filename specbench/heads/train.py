@@ -48,8 +48,6 @@ from specbench.heads.specdec import MaskQueries, training_layout
 DEFAULT_TOKENS = 120_000
 MEDUSA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150, "batch_positions": 1024,
                                    "lr": 3e-3, "train_projections": False}
-HYDRA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150, "batch_positions": 512,
-                                  "lr": 3e-3, "train_projections": False, "distill": True}
 EAGLE3_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 192, "lr": 2e-3, "ttt_steps": 3,
                                    "step_decay": 0.8, "draft_vocab": None}
 PPD_DEFAULTS: dict[str, Any] = {"steps": 150, "batch_positions": 1024, "lr": 3e-3}
@@ -562,12 +560,13 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
 
 
 def zoo_stage(ctx: Any) -> None:
-    """The zoo build's `heads` stage: EAGLE, EAGLE-3, Medusa and Hydra heads, PPD's exit head and
-    SpecDec's drafter (fine-tuned from the zoo's draft, `ctx.state["draft"]`).
+    """The zoo build's `heads` stage: EAGLE, EAGLE-3 and Medusa heads, PPD's exit head and SpecDec's
+    drafter (fine-tuned from the zoo's draft, `ctx.state["draft"]`). Hydra trains through its own
+    recipe (specbench.heads.recipe), as every method that declares one.
 
     Reads `ctx.cfg.heads` (tokens and each head's settings), the packed training rows of the
     tokenizer stage and the trained target; writes one folder per head next to the models
-    (`zoo:eagle`, `zoo:medusa`, `zoo:hydra`, `zoo:ppd`, `zoo:eagle3`, `zoo:specdec`) and their stats into the
+    (`zoo:eagle`, `zoo:medusa`, `zoo:ppd`, `zoo:eagle3`, `zoo:specdec`) and their stats into the
     quality card. Each head is seeded on its own, so adding one leaves the others' weights as they were.
     """
     from omegaconf import OmegaConf
@@ -575,7 +574,6 @@ def zoo_stage(ctx: Any) -> None:
     from specbench.heads.eagle import save_eagle
     from specbench.heads.eagle3 import save_eagle3
     from specbench.heads.exit import save_exit_head
-    from specbench.heads.hydra import save_hydra
     from specbench.heads.medusa import save_medusa
     from specbench.heads.specdec import save_specdec
 
@@ -601,9 +599,6 @@ def zoo_stage(ctx: Any) -> None:
                                      **OmegaConf.to_container(cfg.eagle, resolve=True), seed=ctx.seed(6),
                                      desc=f"{label} eagle head")
     save_eagle(eagle, ctx.out / "eagle", base)
-    hydra, hydra_stats = train_hydra(data, embed, lm_head, **OmegaConf.to_container(cfg.hydra, resolve=True),
-                                     seed=ctx.seed(7), desc=f"{label} hydra head")
-    save_hydra(hydra, ctx.out / "hydra", base)
     ppd_cfg = OmegaConf.to_container(cfg.ppd, resolve=True)
     exit_layer = int(ppd_cfg.pop("exit_layer", None) or n_layers // 2)
     start = time.perf_counter()
@@ -626,7 +621,6 @@ def zoo_stage(ctx: Any) -> None:
         "tokens": data.n_tokens, "seconds": seconds,
         "medusa": {"params": sum(p.numel() for p in medusa.parameters()), **medusa_stats.as_dict()},
         "eagle": {"params": sum(p.numel() for p in eagle.parameters()), **eagle_stats.as_dict()},
-        "hydra": {"params": sum(p.numel() for p in hydra.parameters()), **hydra_stats.as_dict()},
         "ppd": {"params": sum(p.numel() for p in ppd.parameters()), "exit_layer": exit_layer, **ppd_stats.as_dict()},
         "eagle3": {"params": sum(p.numel() for p in eagle3.parameters()), "draft_vocab": eagle3.draft_vocab_size,
                    **eagle3_stats.as_dict()},

@@ -9,8 +9,10 @@ rendered exactly as the harness renders a prompt. The other groups read that cor
 - `drafts`: `draft` (a small Llama distilled from the target's next-token distribution) and
   `draft_plain` (the same shape on hard labels only), SpS / SpecInfer / Online Speculative
   Decoding's drafters;
-- `heads`: EAGLE, EAGLE-3, Medusa, Hydra and PPD heads and SpecDec's drafter (specbench.heads.train,
-  the target frozen).
+- `heads`: EAGLE, EAGLE-3, Medusa and PPD heads and SpecDec's drafter (specbench.heads.train,
+  the target frozen);
+- the head of every method that trains its own (Hydra, a methods/ folder's; specbench.heads.recipe),
+  one folder each, `<method>-<key of its settings, recipe and corpus>`.
 
 A group lives in `<cache>/<kit>/<target id>/<group>-<hash of its settings>/`, built in a temporary
 sibling, its card (`card.json`, with the build time) written last, renamed into place under a
@@ -41,7 +43,7 @@ CARD = "card.json"
 KIT_CODE_VERSION = "kit-1"
 #: part name -> the group that builds it
 PARTS = {"corpus": "corpus", "datastore": "datastore", "draft": "drafts", "draft_plain": "drafts",
-         "eagle": "heads", "eagle3": "heads", "medusa": "heads", "hydra": "heads", "ppd": "heads",
+         "eagle": "heads", "eagle3": "heads", "medusa": "heads", "ppd": "heads",
          "specdec": "heads"}
 #: groups a group reads (their settings enter its hash)
 NEEDS = {"corpus": (), "datastore": ("corpus",), "drafts": ("corpus",), "heads": ("corpus", "drafts")}
@@ -69,11 +71,98 @@ def group_dir(kit: DictConfig, group: str) -> Path:
 
 
 def resolve_part(kit: DictConfig, part: str) -> Path:
-    """The file or folder of part `part` of `kit`, its group built first if needed."""
-    if part not in PARTS:
-        raise SpecbenchError(f"{kit.name} has no part '{part}'; its parts: target, {', '.join(PARTS)}")
-    folder = ensure_group(kit, PARTS[part])
-    return folder / (CORPUS_FILE if part == "corpus" else part)
+    """The file or folder of part `part` of `kit`, its group (or, for a method that trains its own head,
+    that head) built first if needed."""
+    if part in PARTS:
+        folder = ensure_group(kit, PARTS[part])
+        return folder / (CORPUS_FILE if part == "corpus" else part)
+    trained = trained_methods()
+    if part not in trained:
+        raise SpecbenchError(f"{kit.name} has no part '{part}'; its parts: target, {', '.join([*PARTS, *trained])}")
+    return ensure_trained(kit, part)
+
+
+def is_built(kit: DictConfig, part: str) -> bool:
+    """Whether part `part` of `kit` is built on this machine (the target fetched counts as built)."""
+    if part == "target":
+        return recorded_target(kit) is not None
+    if part in PARTS:
+        return (group_dir(kit, PARTS[part]) / CARD).is_file()
+    from specbench.heads.recipe import PART_CARD
+
+    return part in trained_methods() and (trained_dir(kit, part) / PART_CARD).is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# the heads of methods that train their own (specbench.heads.recipe): one folder each
+
+
+def trained_methods() -> list[str]:
+    from specbench.run.registry import discover
+
+    return discover().trained()
+
+
+def _recipe(kit: DictConfig, method: str) -> tuple[type, Any]:
+    """The method's class and training settings for this kit: its YAML's `train:`, then the kit's
+    `build.heads.tokens` and `build.heads.<method>` over it (settings sized for the kit's target)."""
+    from specbench.run.registry import discover
+
+    heads = OmegaConf.to_container(kit.build.get("heads") or OmegaConf.create({}), resolve=True)
+    changes = {**({"tokens": heads["tokens"]} if "tokens" in heads else {}), **(heads.get(method) or {})}
+    return discover().recipe(method, changes)
+
+
+def trained_dir(kit: DictConfig, method: str) -> Path:
+    """`<kit dir>/<target>/<method>-<key>`: the key covers the method's settings and recipe and the
+    corpus it trains on (its group's settings)."""
+    from specbench.heads.recipe import part_key
+
+    cls, settings = _recipe(kit, method)
+    corpus = json.dumps({"corpus": group_settings(kit, "corpus"), "target": target_id(kit)}, sort_keys=True)
+    return kit_dir(kit) / target_id(kit) / f"{method}-{part_key(cls, settings, corpus)}"
+
+
+def ensure_trained(kit: DictConfig, method: str) -> Path:
+    """The head of `method` for the kit's target, trained on the kit's corpus the first time."""
+    from specbench.heads.recipe import PART_CARD, HeadData, train_part
+
+    final = trained_dir(kit, method)
+    if (final / PART_CARD).is_file():
+        return final
+    cls, settings = _recipe(kit, method)
+    corpus = ensure_group(kit, "corpus")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(final.with_name(final.name + ".lock")):  # a second process waits, then reuses
+        if (final / PART_CARD).is_file():
+            return final
+        print(f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)", file=sys.stderr,
+              flush=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(int(kit.build.threads))
+            target = _load_target(kit, torch.float32)
+            tok = target.tokenizer
+            rows = corpus_rows(split_rows(kit, read_corpus(corpus))[0],
+                               tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+            data = HeadData(target=target.model, tokenizer=tok, input_ids=rows.input_ids, valid=rows.labels != -100,
+                            base=f"{kit.name}:target", label=kit.name, seed=int(kit.build.seed),
+                            draft=lambda: _load_draft(kit))
+            train_part(cls, settings, data, tmp, method)
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        finally:
+            torch.set_num_threads(threads)
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _load_draft(kit: DictConfig) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(ensure_group(kit, "drafts") / "draft", dtype=torch.float32).eval()
 
 
 def ensure_group(kit: DictConfig, group: str) -> Path:
@@ -280,7 +369,7 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
 
 
 def build_heads(kit: DictConfig, inputs: dict, out: Path) -> dict:
-    """EAGLE, EAGLE-3, Medusa, Hydra, PPD and SpecDec's drafter (from the kit's distilled draft), the
+    """EAGLE, EAGLE-3, Medusa, PPD and SpecDec's drafter (from the kit's distilled draft), the
     target frozen: the zoo's head training (specbench.heads.train.zoo_stage) on the target's answers."""
     from transformers import AutoModelForCausalLM
 
@@ -309,5 +398,5 @@ BUILD_NOTES = {
     "corpus": "the target answers synthetic instructions: minutes on 2 CPU cores",
     "datastore": "seconds",
     "drafts": "two small Llamas distilled from the corpus",
-    "heads": "six heads trained on the frozen target",
+    "heads": "five heads trained on the frozen target",
 }

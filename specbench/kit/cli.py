@@ -20,7 +20,8 @@ def _parser() -> ArgumentParser:
                        help="where from (default: the kit's `source`; a new choice replaces the recorded one)")
     build = sub.add_parser("build", help="build the kit's parts (or reuse the cached ones) and print their cards")
     build.add_argument("--parts", default="corpus,datastore",
-                       help="comma-separated groups to build: corpus, datastore, drafts, heads (default: %(default)s)")
+                       help="comma-separated groups to build: corpus, datastore, drafts, heads (heads: the heads "
+                            "group and the head of every method that trains its own) (default: %(default)s)")
     show = sub.add_parser("show", help="print what this machine has of the kit (target, built parts, build times)")
     for p in (fetch, build, show):
         p.add_argument("name", help=f"the kit: {', '.join(kit_names())}")
@@ -31,8 +32,9 @@ def kit_main(argv: list[str]) -> int:
     """The body of `python -m specbench kit ...`; returns the exit status (the cli turns a
     SpecbenchError into its one-line error)."""
     opts = _parser().parse_args(argv)
+    from specbench.heads.recipe import PART_CARD
     from specbench.kit import load_kit
-    from specbench.kit.build import CARD, NEEDS, ensure_group, group_dir
+    from specbench.kit.build import CARD, NEEDS, ensure_group, ensure_trained, group_dir, trained_dir, trained_methods
     from specbench.kit.source import ensure_target, recorded_target
 
     kit = load_kit(opts.name)
@@ -50,6 +52,10 @@ def kit_main(argv: list[str]) -> int:
             folder = ensure_group(kit, group)
             card = json.loads((folder / CARD).read_text())
             print(f"{kit.name} {group}: {folder} (built in {card['build_seconds']:.0f} s)")
+            for method in trained_methods() if group == "heads" else ():
+                folder = ensure_trained(kit, method)
+                card = json.loads((folder / PART_CARD).read_text())
+                print(f"{kit.name} {method} head: {folder} (trained in {card['build_seconds']:.0f} s)")
         return 0
     record = recorded_target(kit)
     if record is None:
@@ -63,6 +69,11 @@ def kit_main(argv: list[str]) -> int:
             print(f"  {group}: {folder} (built in {card['build_seconds']:.0f} s)")
         else:
             print(f"  {group}: not built (`python -m specbench kit build {kit.name} --parts {group}`)")
+    for method in trained_methods():
+        folder = trained_dir(kit, method)
+        built = (folder / PART_CARD).is_file()
+        print(f"  {method} head: {folder if built else 'not built'}" + ("" if built else
+              f" (`python -m specbench kit build {kit.name} --parts heads`, or on first use)"))
     for found in skip_sets(record["folder"]):
         took = f" in {found['seconds']:.0f} s" if "seconds" in found else ""
         print(f"  self_spec skip set ({found.get('dtype', 'dtype not recorded')}): layers {found['best']} "

@@ -11,6 +11,7 @@ the nodes that have children. Candidates are picked by rank (the tree's "choices
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +20,9 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder, target_dims
-from specbench.heads.hydra import HydraHeads, load_hydra
+from specbench.heads.hydra import HydraHeads, load_hydra, save_hydra
+from specbench.heads.recipe import HeadData, TrainingBase
+from specbench.heads.train import train_hydra
 from specbench.heads.trees import StaticTree, build_tree, check_choices
 
 
@@ -33,6 +36,17 @@ class HydraSettings:
 
     def __post_init__(self) -> None:
         check_choices(self.choices, "hydra")
+
+
+@dataclass
+class HydraTraining(TrainingBase):
+    """`method.train` of method=hydra: its heads distilled from the frozen target (Hydra++)."""
+
+    num_heads: int = 4  # head k drafts depth k + 1 of the tree
+    num_layers: int = 1  # MLP blocks per head; the first reads the drafted prefix's embeddings
+    batch_positions: int = 512  # training positions per step
+    train_projections: bool = False  # the vocabulary projections start as the target's LM head; train them too?
+    distill: bool = True  # learn the target's next-token distribution (Hydra++), not the corpus token
 
 
 class HydraDrafter(Drafter):
@@ -103,6 +117,20 @@ class Hydra(SpeculativeMethod):
     """`method=hydra`: heads from `method.head` (default the zoo's, for model=tiny)."""
 
     Settings = HydraSettings
+    Training = HydraTraining
+
+    @classmethod
+    def train_head(cls, data: HeadData, settings: HydraTraining, out: Path) -> dict:
+        """Hydra heads trained on the frozen target's features; saved in the published layout."""
+        target = data.target
+        heads, stats = train_hydra(data.features(settings.tokens), target.get_input_embeddings(),
+                                   target.get_output_embeddings(), num_heads=settings.num_heads,
+                                   num_layers=settings.num_layers, steps=settings.steps,
+                                   batch_positions=settings.batch_positions, lr=settings.lr,
+                                   train_projections=settings.train_projections, distill=settings.distill,
+                                   seed=data.seed + settings.seed, desc=f"{data.label} hydra head")
+        save_hydra(heads, out, data.base)
+        return {"params": sum(p.numel() for p in heads.parameters()), **stats.as_dict()}
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -25,34 +25,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from specbench.analysis import paired, report
 from specbench.analysis.audit import is_bug
 from specbench.analysis.runs import BASELINE, Run, group_runs, load_runs
 from specbench.core.args import ArgumentParser
+from specbench.core.compose import compose
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS
-from specbench.core.resources import CONFIG_DIR
 from specbench.core.table import markdown
 
 ORDER = [*SUBTASKS, "overall"]
 
 
 def load_check_config(overrides: list[str] | None = None) -> DictConfig:
-    """check.yaml with `key=value` overrides: unknown keys and non-numeric tolerances are errors."""
-    cfg = OmegaConf.load(CONFIG_DIR / "check.yaml")
-    OmegaConf.set_struct(cfg, True)
-    for item in overrides or []:
-        if "=" not in item:
-            raise SpecbenchError(f"check override '{item}' has no '='; write key=value, "
-                                 "e.g. tolerance.speedup_rel_min=0.2")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException:
-            raise SpecbenchError(f"unknown check setting '{item.split('=', 1)[0]}'; the settings are those of "
-                                 f"{CONFIG_DIR / 'check.yaml'}") from None
+    """check.yaml composed by Hydra with `key=value` overrides: unknown keys, values of another kind
+    and negative or non-finite tolerances are errors."""
+    cfg = compose("check", overrides, "check", "tolerance.speedup_rel_min=0.2")
     for tolerances, where in ((cfg.tolerance, "tolerance"), (cfg.quick.gate, "quick.gate")):
         for key, value in tolerances.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

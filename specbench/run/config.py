@@ -11,6 +11,7 @@ import re
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from specbench.core.compose import on_config_dir
 from specbench.core.errors import SpecbenchError
 from specbench.core.prompts import TEMPLATES
 from specbench.core.questions import SUBTASKS
@@ -73,7 +74,7 @@ def check_overrides(overrides: list[str]) -> None:
 
 def check_compose(overrides: list[str]) -> None:
     """Compose once with Hydra's API so nested-key mistakes become one-line errors too."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -81,7 +82,7 @@ def check_compose(overrides: list[str]) -> None:
     register_with_hydra(registry := discover(overrides))
     if registry.search:
         plain.append(f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]")
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with on_config_dir():
         try:
             compose("config", overrides=plain)
         except (HydraException, OmegaConfBaseException) as exc:
@@ -94,12 +95,12 @@ def check_compose(overrides: list[str]) -> None:
 def compose_method(name: str) -> DictConfig:
     """The config of method `name` as `method=<name>` composes it (inheritance included), from
     inside a Hydra job or outside one."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
 
-    if GlobalHydra.instance().is_initialized():
+    if GlobalHydra.instance().is_initialized():  # the job's Hydra: its search path finds the job's methods
         return compose("config", overrides=[f"method={name}"]).method
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with on_config_dir():
         return compose("config", overrides=[f"method={name}"]).method
 
 

@@ -288,6 +288,23 @@ class Registry:
         facts = self.config(name).get("facts")
         return OmegaConf.to_container(facts, resolve=True) if facts is not None else {}
 
+    def trained(self) -> list[str]:
+        """The methods that train their own head (a `train:` section, specbench.heads.recipe), in order."""
+        return [n for n in self.names() if self.config(n).get("train") is not None]
+
+    def recipe(self, name: str, changes: dict | None = None) -> tuple[type, Any]:
+        """Method `name`'s class and its training settings: its `train:` section with `changes` over
+        it, checked (types, ranges, unknown keys). An error when `name` trains no head of its own."""
+        from specbench.heads.recipe import TRAIN_KEY, training_settings
+
+        cfg = self.config(name)
+        if cfg.get(TRAIN_KEY) is None:
+            raise SpecbenchError(f"method '{name}' trains no head of its own (its YAML has no `{TRAIN_KEY}:` "
+                                 f"section); methods that do: {', '.join(self.trained()) or 'none'}")
+        cls = load_impl(str(cfg.get("impl")), name)
+        values = {**OmegaConf.to_container(cfg[TRAIN_KEY], resolve=True), **(changes or {})}
+        return cls, training_settings(cls, values, name)
+
     def impl_folders(self) -> list[Path]:
         """Where a dotless impl module (`<module>.Class`) is looked for, in order."""
         return [self.folder, *(p / "method" for p in self.search)]

@@ -55,7 +55,7 @@ def _speed_now(folder: os.PathLike, cfg: DictConfig) -> str:
 
 def _heads_line(card_path: os.PathLike) -> str:
     card = json.loads(open(card_path).read())
-    names = [name for name in ("eagle", "eagle3", "medusa", "hydra", "ppd", "specdec") if name in card]
+    names = [name for name in ("eagle", "eagle3", "medusa", "ppd", "specdec") if name in card]
     return ", ".join(f"{name} {card[name]['params'] / 1e6:.2f}M params" for name in names) + (
         f", trained in {card.get('build_seconds', 0):.0f}s")
 
@@ -84,10 +84,17 @@ def zoo_main(argv: list[str]) -> int:
             print(_card_text(folder))
         print(f"zoo: {folder}")
         if not opts.overrides:  # the parts hang off the default zoo: heads and the REST datastore
-            from specbench.zoo.parts import HEADS_CARD, ensure_heads, resolve
+            from specbench.heads.recipe import PART_CARD
+            from specbench.run.registry import discover
+            from specbench.zoo.parts import HEADS_CARD, ensure_heads, resolve, trained_part
 
             heads = ensure_heads()
             print(f"zoo heads: {heads} ({_heads_line(heads / HEADS_CARD)})")
+            for method in discover().trained():  # the methods that train their own head (Hydra, methods/ folder's)
+                part = trained_part(method)
+                card = json.loads((part / PART_CARD).read_text())
+                print(f"zoo {method} head: {part} ({card.get('params', 0) / 1e6:.2f}M params, trained in "
+                      f"{card['build_seconds']:.0f}s)")
             print(f"zoo datastore: {resolve('datastore')}")
         return 0
     except SpecbenchError as exc:

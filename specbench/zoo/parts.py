@@ -1,8 +1,10 @@
-"""Parts of the zoo built after it and cached beside it: the EAGLE, EAGLE-3, Medusa, Hydra and PPD
-heads and SpecDec's drafter.
+"""Parts of the zoo built after it and cached beside it: the EAGLE, EAGLE-3, Medusa and PPD heads
+and SpecDec's drafter (one folder, configs/zoo_heads.yaml), the head of every method that trains
+its own (`zoo:hydra` and a methods/ folder's: specbench.heads.recipe; one folder each), and the
+REST datastore.
 
 They depend on the trained target but are kept out of the zoo's own hash, so a change of a
-head setting retrains the heads only. Built in a temporary folder and renamed into place
+head setting retrains that head only. Built in a temporary folder and renamed into place
 under a file lock, like the zoo itself.
 """
 
@@ -25,7 +27,7 @@ from specbench.core.files import exclusive
 from specbench.zoo.store import COMPLETE, CONFIG_PATH, check_may_build, ensure_zoo, load_zoo_config
 
 HEADS_CONFIG = CONFIG_PATH.with_name("zoo_heads.yaml")
-HEADS = ("eagle", "medusa", "hydra", "ppd", "eagle3", "specdec")
+HEADS = ("eagle", "medusa", "ppd", "eagle3", "specdec")
 HEADS_CODE_VERSION = "heads-2"
 HEADS_CARD = "heads.json"
 
@@ -40,28 +42,79 @@ def heads_dir(zoo: Path) -> Path:
 
 
 def ensure_heads() -> Path:
-    """The folder holding `eagle/`, `medusa/`, `hydra/` and `ppd/` for the zoo's target, trained first if needed."""
+    """The folder holding `eagle/`, `eagle3/`, `medusa/`, `ppd/` and `specdec/` for the zoo's target,
+    trained first if needed."""
     zoo = ensure_zoo()
-    final = heads_dir(zoo)
-    if (final / HEADS_CARD).is_file():
+
+    def build(tmp: Path) -> None:
+        card = _train_heads(zoo, tmp)
+        (tmp / HEADS_CARD).write_text(json.dumps(card, indent=2) + "\n")  # written last: marks it complete
+
+    return _built(heads_dir(zoo), HEADS_CARD, "the zoo's EAGLE, EAGLE-3, Medusa and PPD heads and SpecDec's drafter "
+                  "(about 10 minutes on 2 CPU cores with bf16 units, 16 without)", build)
+
+
+def _built(final: Path, card: str, what: str, build: Callable[[Path], None]) -> Path:
+    """`final`, built by `build(tmp)` into a temporary folder renamed into place once `tmp/card` exists
+    (a second process waits on the lock, then reuses it)."""
+    if (final / card).is_file():
         return final
     check_may_build(final)
-    with exclusive(final.with_name(final.name + ".lock")):  # a second process waits, then reuses
-        if (final / HEADS_CARD).is_file():
+    with exclusive(final.with_name(final.name + ".lock")):
+        if (final / card).is_file():
             return final
-        print(f"specbench: training the zoo's EAGLE, EAGLE-3, Medusa, Hydra, PPD and SpecDec heads into {final} "
-              "(about 11 minutes on 2 CPU cores with bf16 units, 17 without; done once, then cached)",
-              file=sys.stderr, flush=True)
+        print(f"specbench: training {what} into {final} (done once, then cached)", file=sys.stderr, flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
         try:
-            card = _train_heads(zoo, tmp)
-            (tmp / HEADS_CARD).write_text(json.dumps(card, indent=2) + "\n")  # written last: marks it complete
+            build(tmp)
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def trained_part(name: str) -> Path | None:
+    """`zoo:NAME` of a method that trains its own head (specbench.heads.recipe): its folder beside the
+    zoo, `<zoo hash>.NAME-<key of its settings, its recipe's code and the zoo's build>`, trained on the
+    zoo's corpus the first time; None when no method of that name trains a head."""
+    from specbench.heads.recipe import PART_CARD, part_key, train_part
+    from specbench.run.registry import discover
+
+    registry = discover()
+    if name not in registry.trained():
+        return None
+    cls, settings = registry.recipe(name)
+    zoo = ensure_zoo()
+    final = zoo.with_name(f"{zoo.name}.{name}-{part_key(cls, settings, (zoo / COMPLETE).read_text())}")
+
+    def build(tmp: Path) -> None:
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(int(load_zoo_config().threads))
+            train_part(cls, settings, zoo_head_data(zoo), tmp, name)
+        finally:
+            torch.set_num_threads(threads)
+
+    return _built(final, PART_CARD, f"the zoo's {name} head", build)
+
+
+def zoo_head_data(zoo: Path) -> Any:
+    """The zoo's target, its training rows and its draft, as a head recipe trains on them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specbench.heads.recipe import HeadData
+    from specbench.zoo import data
+
+    cfg = load_zoo_config()
+    tokenizer = AutoTokenizer.from_pretrained(zoo / "target")
+    rows = data.pack(data.encode_items(tokenizer, data.conversations(cfg, "train")), int(cfg.seq_len), tokenizer,
+                     int(cfg.seed))
+    return HeadData(target=AutoModelForCausalLM.from_pretrained(zoo / "target", dtype=torch.float32).eval(),
+                    tokenizer=tokenizer, input_ids=rows.input_ids, valid=rows.labels != -100, base="zoo:target",
+                    label="zoo", seed=int(cfg.seed),
+                    draft=lambda: AutoModelForCausalLM.from_pretrained(zoo / "draft", dtype=torch.float32).eval())
 
 
 def _train_heads(zoo: Path, out: Path) -> dict:
@@ -103,7 +156,10 @@ def resolve(name: str) -> Path:
         return calibration_file()
     if name == "corpus":
         return corpus_file()
-    return ensure_zoo() / name
+    zoo = ensure_zoo()
+    if (zoo / name).exists():  # a zoo model: target, draft, draft_plain
+        return zoo / name
+    return trained_part(name) or zoo / name
 
 
 def zoo_datastore() -> Path:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from specbench.core.compose import compose
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import exclusive
 from specbench.core.resources import CONFIG_DIR, default_cache, env_folder
@@ -41,19 +41,11 @@ def zoo_root() -> Path:
 
 
 def load_zoo_config(overrides: list[str] | None = None) -> DictConfig:
-    """configs/zoo.yaml with dotlist overrides (`target.train.lr=1e-3`); unknown keys are errors."""
+    """configs/zoo.yaml composed by Hydra with `key=value` overrides (`target.train.lr=1e-3`),
+    resolved; unknown keys and values of another kind are errors."""
     if not CONFIG_PATH.is_file():
         raise SpecbenchError(f"zoo config {CONFIG_PATH} is missing; run from a specbench checkout")
-    cfg = OmegaConf.load(CONFIG_PATH)
-    OmegaConf.set_struct(cfg, True)
-    try:
-        if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as exc:
-        raise SpecbenchError(f"bad zoo override: {str(exc).splitlines()[0]} (keys are those of {CONFIG_PATH})") \
-            from exc
-    return cfg
+    return compose(CONFIG_PATH.stem, overrides, "zoo", "target.train.lr=1e-3")
 
 
 def zoo_hash(cfg: DictConfig) -> str:
