@@ -106,7 +106,7 @@ def test_self_spec_auto_search_is_cached(targets, tmp_path, monkeypatch, capsys)
     files[0].write_text(json.dumps(record))
     assert build_method(cfg, target, EMPTY).skip_layers == [0]
     assert "searched in" not in capsys.readouterr().err
-    with pytest.raises(SpecbenchError, match="keep at least one layer"):
+    with pytest.raises(SpecbenchError, match=r"must be distinct indices in 0\.\.1 and keep at least one"):
         build_method(method_cfg("self_spec", skip_layers=[0, 1]), target, EMPTY)
 
 
