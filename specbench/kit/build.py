@@ -90,7 +90,7 @@ def is_built(kit: DictConfig, part: str) -> bool:
         return (group_dir(kit, PARTS[part]) / CARD).is_file()
     from specbench.heads.recipe import PART_CARD
 
-    return part in trained_methods() and (trained_dir(kit, part) / PART_CARD).is_file()
+    return part in trained_methods() and (trained_dir(kit, *kit_recipe(kit, part), part) / PART_CARD).is_file()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def trained_methods() -> list[str]:
     return discover().trained()
 
 
-def _recipe(kit: DictConfig, method: str) -> tuple[type, Any]:
+def kit_recipe(kit: DictConfig, method: str) -> tuple[type, Any]:
     """The method's class and training settings for this kit: its YAML's `train:`, then the kit's
     `build.heads.tokens` and `build.heads.<method>` over it (settings sized for the kit's target)."""
     from specbench.run.registry import discover
@@ -113,12 +113,11 @@ def _recipe(kit: DictConfig, method: str) -> tuple[type, Any]:
     return discover().recipe(method, changes)
 
 
-def trained_dir(kit: DictConfig, method: str) -> Path:
-    """`<kit dir>/<target>/<method>-<key>`: the key covers the method's settings and recipe and the
-    corpus it trains on (its group's settings)."""
+def trained_dir(kit: DictConfig, cls: type, settings: Any, method: str) -> Path:
+    """`<kit dir>/<target>/<method>-<key>`: the key covers the method's settings and recipe (`kit_recipe`)
+    and the corpus it trains on (its group's settings)."""
     from specbench.heads.recipe import part_key
 
-    cls, settings = _recipe(kit, method)
     corpus = json.dumps({"corpus": group_settings(kit, "corpus"), "target": target_id(kit)}, sort_keys=True)
     return kit_dir(kit) / target_id(kit) / f"{method}-{part_key(cls, settings, corpus)}"
 
@@ -127,10 +126,10 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
     """The head of `method` for the kit's target, trained on the kit's corpus the first time."""
     from specbench.heads.recipe import PART_CARD, HeadData, train_part
 
-    final = trained_dir(kit, method)
+    cls, settings = kit_recipe(kit, method)
+    final = trained_dir(kit, cls, settings, method)
     if (final / PART_CARD).is_file():
         return final
-    cls, settings = _recipe(kit, method)
     corpus = ensure_group(kit, "corpus")
     final.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(final.with_name(final.name + ".lock")):  # a second process waits, then reuses

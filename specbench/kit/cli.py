@@ -34,7 +34,16 @@ def kit_main(argv: list[str]) -> int:
     opts = _parser().parse_args(argv)
     from specbench.heads.recipe import PART_CARD
     from specbench.kit import load_kit
-    from specbench.kit.build import CARD, NEEDS, ensure_group, ensure_trained, group_dir, trained_dir, trained_methods
+    from specbench.kit.build import (
+        CARD,
+        NEEDS,
+        ensure_group,
+        ensure_trained,
+        group_dir,
+        kit_recipe,
+        trained_dir,
+        trained_methods,
+    )
     from specbench.kit.source import ensure_target, recorded_target
 
     kit = load_kit(opts.name)
@@ -70,7 +79,7 @@ def kit_main(argv: list[str]) -> int:
         else:
             print(f"  {group}: not built (`python -m specbench kit build {kit.name} --parts {group}`)")
     for method in trained_methods():
-        folder = trained_dir(kit, method)
+        folder = trained_dir(kit, *kit_recipe(kit, method), method)
         built = (folder / PART_CARD).is_file()
         print(f"  {method} head: {folder if built else 'not built'}" + ("" if built else
               f" (`python -m specbench kit build {kit.name} --parts heads`, or on first use)"))
