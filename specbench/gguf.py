@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import exclusive
+from specbench.core.files import build_once
 from specbench.core.questions import sha256_of
 from specbench.core.resources import CACHE_VAR, cache_root
 
@@ -71,26 +68,17 @@ def gguf_folder(path: str | os.PathLike, *, sha256: str | None = None) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecbenchError(f"cannot create {root} ({exc.strerror}); set {CACHE_VAR} to a writable folder") from exc
-    with exclusive(root / f"{final.name}.lock"):  # a second process waits, then reuses the folder
-        if (final / SOURCE_FILE).is_file():
-            return final
+
+    def fill(tmp: Path) -> None:
         _need_packages()
-        print(f"specbench: converting {gguf.name} into safetensors at {final} (once; then cached)",
-              file=sys.stderr, flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=root))
-        try:
-            tmp.chmod(0o755)
-            seconds = _convert(gguf, tmp)
-            source = {"gguf": gguf.name, "sha256": digest, "bytes": gguf.stat().st_size, "code": GGUF_CODE_VERSION,
-                      "convert_seconds": round(seconds, 1), "dtype": "float32",
-                      "converted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")  # last: marks the folder complete
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        seconds = _convert(gguf, tmp)
+        source = {"gguf": gguf.name, "sha256": digest, "bytes": gguf.stat().st_size, "code": GGUF_CODE_VERSION,
+                  "convert_seconds": round(seconds, 1), "dtype": "float32",
+                  "converted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")  # last: marks the folder complete
+
+    return build_once(final, SOURCE_FILE, fill, f"specbench: converting {gguf.name} into safetensors at {final} "
+                      "(once; then cached)")  # a second process waits, then reuses the folder
 
 
 def _convert(gguf: Path, out: Path) -> float:

@@ -1,13 +1,16 @@
 """Files that several processes share: the one way specbench writes a small file whole (a unique
 temporary sibling, then a rename, so a reader never sees half a file and two writers never share a
-temporary name), and the one way it makes processes take turns (a lock file, through filelock)."""
+temporary name), the one way it makes processes take turns (a lock file, through filelock), and the
+one way it builds a cached folder (`build_once`: built aside, its card written last, renamed into
+place under the folder's lock, so a reader never sees half a build and two builders never race)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,3 +52,42 @@ def exclusive(path: str | os.PathLike, waiting: str | None = None) -> Iterator[b
         yield waited
     finally:
         lock.release()
+
+
+def build_once(final: Path, card: str, build: Callable[[Path], None], announce: str | None = None,
+               rebuild: bool = False) -> Path:
+    """The cached folder `final`, complete when its file `card` exists: when it is not (or `rebuild`),
+    `replace_folder` builds it, under `final`'s lock file, so a second process waits and then reuses
+    it; `announce` is said on stderr when this process builds."""
+    final = Path(final)
+    if (final / card).is_file() and not rebuild:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(final.with_name(final.name + ".lock")):
+        if (final / card).is_file() and not rebuild:
+            return final
+        if announce:
+            print(announce, file=sys.stderr, flush=True)
+        return replace_folder(final, card, build)
+
+
+def replace_folder(final: Path, card: str, build: Callable[[Path], None]) -> Path:
+    """`build(tmp)` fills a temporary sibling of `final` (its file `card` written last, the mark of a
+    complete build), which then takes `final`'s place; the caller holds `final`'s lock. A build that
+    fails leaves nothing behind and `final` as it was."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; a finished folder is a readable cache
+        build(tmp)
+        if not (tmp / card).is_file():
+            raise RuntimeError(f"building {final.name} wrote no {card}: the build is incomplete")
+        if final.exists():  # a rebuild: the old one moved aside first (a rename cannot overwrite a folder)
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import build_once
 from specbench.datastore.corpus import read_corpus  # noqa: F401 - the corpus reader, re-exported
 
 FORMAT = "specbench-datastore"
@@ -67,7 +68,18 @@ def _concat(docs: Iterable[Sequence[int]]) -> tuple[np.ndarray, int]:
 def build(
     docs: Iterable[Sequence[int]], tokenizer: Any, out: str | Path, source: str = "", progress: bool = False
 ) -> Path:
-    """Index tokenized documents into the datastore folder `out` (written to a temporary name, then renamed)."""
+    """Index tokenized documents into the datastore folder `out` (built aside, then renamed into place
+    under its lock: core.files.build_once)."""
+    out = build_once(Path(out), MANIFEST_FILE, lambda tmp: fill(tmp, docs, tokenizer, source, progress), rebuild=True)
+    if progress:
+        print(f"specbench datastore: wrote {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def fill(
+    folder: Path, docs: Iterable[Sequence[int]], tokenizer: Any, source: str = "", progress: bool = False
+) -> None:
+    """Index tokenized documents into `folder`, a folder being built (its manifest written last)."""
     start = time.perf_counter()
     tokens, n_docs = _concat(docs)
     vocab = len(tokenizer)
@@ -77,26 +89,18 @@ def build(
         print(f"specbench datastore: {n_docs} documents, {tokens.size} tokens; sorting suffixes", file=sys.stderr,
               flush=True)
     sa = suffix_array(tokens)
-    out = Path(out)
-    tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
-    np.save(tmp / TOKENS_FILE, tokens, allow_pickle=False)
-    np.save(tmp / SA_FILE, sa, allow_pickle=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / TOKENS_FILE, tokens, allow_pickle=False)
+    np.save(folder / SA_FILE, sa, allow_pickle=False)
     manifest = {
         "format": FORMAT, "version": VERSION,
         "tokenizer": {"name": str(getattr(tokenizer, "name_or_path", "")), "sha256": tokenizer_fingerprint(tokenizer)},
         "vocab_size": vocab, "n_tokens": int(tokens.size), "n_documents": n_docs, "source": source,
         "build_seconds": round(time.perf_counter() - start, 2),
     }
-    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")  # written last
-    if out.exists():
-        for name in (TOKENS_FILE, SA_FILE, MANIFEST_FILE):
-            (out / name).unlink(missing_ok=True)
-        out.rmdir()
-    tmp.rename(out)
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")  # written last
     if progress:
-        print(f"specbench datastore: wrote {out} in {manifest['build_seconds']}s", file=sys.stderr, flush=True)
-    return out
+        print(f"specbench datastore: indexed in {manifest['build_seconds']} s", file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import exclusive
+from specbench.core.files import build_once
 from specbench.kit.source import ensure_target, kit_dir, recorded_target
 
 CARD = "card.json"
@@ -131,13 +129,8 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
     if (final / PART_CARD).is_file():
         return final
     corpus = ensure_group(kit, "corpus")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(final.with_name(final.name + ".lock")):  # a second process waits, then reuses
-        if (final / PART_CARD).is_file():
-            return final
-        print(f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)", file=sys.stderr,
-              flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+
+    def build(tmp: Path) -> None:
         threads = torch.get_num_threads()
         try:
             torch.set_num_threads(int(kit.build.threads))
@@ -149,13 +142,11 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
                             base=f"{kit.name}:target", label=kit.name, seed=int(kit.build.seed),
                             draft=lambda: _load_draft(kit))
             train_part(cls, settings, data, tmp, method)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
         finally:
             torch.set_num_threads(threads)
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return build_once(final, PART_CARD, build,
+                      f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)")
 
 
 def _load_draft(kit: DictConfig) -> torch.nn.Module:
@@ -169,35 +160,25 @@ def ensure_group(kit: DictConfig, group: str) -> Path:
     if (final / CARD).is_file():
         return final
     inputs = {need: ensure_group(kit, need) for need in NEEDS[group]}
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(final.with_name(final.name + ".lock")):  # a second process waits, then reuses
-        if (final / CARD).is_file():
-            return final
-        print(f"specbench: building {kit.name}'s {group} into {final} ({BUILD_NOTES[group]}; once, then cached)",
-              file=sys.stderr, flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+
+    def build(tmp: Path) -> None:
         threads = torch.get_num_threads()
         start = time.perf_counter()
-        try:
-            tmp.chmod(0o755)
-            with torch.random.fork_rng(devices=[]):
-                torch.set_num_threads(int(kit.build.threads))
-                try:
-                    card = BUILDERS[group](kit, inputs, tmp)
-                finally:
-                    torch.set_num_threads(threads)
-            card = {"group": group, "kit": str(kit.name), "target": recorded_target(kit),
-                    "settings": group_settings(kit, group), **card,
-                    "build_seconds": round(time.perf_counter() - start, 1),
-                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            (tmp / CARD).write_text(json.dumps(card, indent=2) + "\n")  # last: marks the group complete
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_num_threads(int(kit.build.threads))
+            try:
+                card = BUILDERS[group](kit, inputs, tmp)
+            finally:
+                torch.set_num_threads(threads)
+        card = {"group": group, "kit": str(kit.name), "target": recorded_target(kit),
+                "settings": group_settings(kit, group), **card,
+                "build_seconds": round(time.perf_counter() - start, 1),
+                "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / CARD).write_text(json.dumps(card, indent=2) + "\n")  # last: marks the group complete
         print(f"specbench: {kit.name}'s {group} built in {card['build_seconds']:.0f} s", file=sys.stderr, flush=True)
-    return final
+
+    return build_once(final, CARD, build, f"specbench: building {kit.name}'s {group} into {final} "
+                      f"({BUILD_NOTES[group]}; once, then cached)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,8 +266,8 @@ def build_datastore(kit: DictConfig, inputs: dict, out: Path) -> dict:
     rows = read_corpus(inputs["corpus"])
     tokenizer = AutoTokenizer.from_pretrained(ensure_target(kit))
     docs = [r["prompt_ids"] + r["answer_ids"] for r in rows]
-    ds.build(docs, tokenizer, out / "datastore", source=f"{kit.name} target's answers ({inputs['corpus'].name})",
-             progress=True)
+    ds.fill(out / "datastore", docs, tokenizer, source=f"{kit.name} target's answers ({inputs['corpus'].name})",
+            progress=True)
     return {"documents": len(docs), "tokens": sum(map(len, docs))}
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import write_atomic
+from specbench.core.files import build_once, write_atomic
 from specbench.core.resources import cache_root
 from specbench.gguf import file_sha256, gguf_folder
 
@@ -95,8 +95,7 @@ def fetch_hub(kit: Any) -> tuple[Path, dict]:
     out = kit_dir(kit) / f"hub-{commit[:12]}"
     if (out / "config.json").is_file():
         return out, {"repo": repo, "revision": commit, "weights": "original safetensors"}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=_mkdir(kit_dir(kit))))
-    try:
+    def fill(tmp: Path) -> None:
         for name in kit.hub.files:
             info = listed.get(name)
             if info is None:
@@ -113,9 +112,9 @@ def fetch_hub(kit: Any) -> tuple[Path, dict]:
                 raise SpecbenchError(f"checksum mismatch for {repo}/{name}: the hub lists {expected}, the "
                                      f"download has {got}; it was not used")
             shutil.copyfile(path, tmp / name)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    _mkdir(kit_dir(kit))
+    build_once(out, "config.json", fill)  # checked files only, moved into place together
     return out, {"repo": repo, "revision": commit, "weights": "original safetensors"}
 
 

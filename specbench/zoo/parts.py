@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,7 +20,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from specbench.core.files import exclusive
+from specbench.core.files import build_once
 from specbench.zoo.store import COMPLETE, CONFIG_PATH, check_may_build, ensure_zoo, load_zoo_config
 
 HEADS_CONFIG = CONFIG_PATH.with_name("zoo_heads.yaml")
@@ -55,24 +52,12 @@ def ensure_heads() -> Path:
 
 
 def _built(final: Path, card: str, what: str, build: Callable[[Path], None]) -> Path:
-    """`final`, built by `build(tmp)` into a temporary folder renamed into place once `tmp/card` exists
-    (a second process waits on the lock, then reuses it)."""
+    """`final`, built once by `build(tmp)` (core.files.build_once: a second process waits, then reuses it)."""
     if (final / card).is_file():
         return final
     check_may_build(final)
-    with exclusive(final.with_name(final.name + ".lock")):
-        if (final / card).is_file():
-            return final
-        print(f"specbench: training {what} into {final} (done once, then cached)", file=sys.stderr, flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
-        try:
-            build(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_once(final, card, build,
+                      f"specbench: training {what} into {final} (done once, then cached)")
 
 
 def trained_part(name: str) -> Path | None:
@@ -175,14 +160,13 @@ def zoo_datastore() -> Path:
     beside = folder.with_name(folder.name + ".datastore")
     if (beside / ds.MANIFEST_FILE).is_file():
         return beside
-    with exclusive(folder.with_name(folder.name + ".datastore.lock")):  # two runs starting at once build it once
-        if not (beside / ds.MANIFEST_FILE).is_file():
-            from transformers import AutoTokenizer
+    from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(folder / "target")
-            build_corpus_datastore(tokenizer, zoo_data.conversations(load_zoo_config(), "train"), beside,
-                                   f"zoo {folder.name} training corpus")
-    return beside
+    def build(tmp: Path) -> None:
+        build_corpus_datastore(AutoTokenizer.from_pretrained(folder / "target"), zoo_data.conversations(
+            load_zoo_config(), "train"), tmp, f"zoo {folder.name} training corpus")
+
+    return build_once(beside, ds.MANIFEST_FILE, build)  # two runs starting at once build it once
 
 
 def build_corpus_datastore(tokenizer: Any, items: list[dict], out: Path, source: str) -> Path:
@@ -190,7 +174,8 @@ def build_corpus_datastore(tokenizer: Any, items: list[dict], out: Path, source:
     from specbench import datastore as ds
     from specbench.zoo import data as zoo_data
 
-    return ds.build(zoo_data.encode_items(tokenizer, items), tokenizer, out, source=source, progress=True)
+    ds.fill(out, zoo_data.encode_items(tokenizer, items), tokenizer, source=source, progress=True)
+    return out
 
 
 def _questions_file(path: Path, items: Callable[[], Iterable[dict]]) -> Path:

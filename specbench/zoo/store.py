@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.compose import compose
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import exclusive
+from specbench.core.files import exclusive, replace_folder
 from specbench.core.resources import CONFIG_DIR, default_cache, env_folder
 
 #: Bump when a change of the zoo code changes what a build produces.
@@ -118,9 +117,7 @@ def _build_into(cfg: DictConfig, root: Path, digest: str) -> None:
     from specbench.zoo.build import build
     from specbench.zoo.card import format_card
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}.building-", dir=root))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the finished zoo is a readable cache
+    def fill(tmp: Path) -> None:
         card = build(cfg, tmp, digest, ZOO_CODE_VERSION)
         print(format_card(card), file=sys.stderr, flush=True)
         marker = json.dumps({"zoo_hash": digest, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
@@ -128,12 +125,5 @@ def _build_into(cfg: DictConfig, root: Path, digest: str) -> None:
             fh.write(marker + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        final = root / digest
-        if final.exists():  # a forced rebuild: move the old one aside first (rename cannot overwrite a folder)
-            old = root / f".{digest}.old-{os.getpid()}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    replace_folder(root / digest, COMPLETE, fill)  # under ensure_zoo's lock
