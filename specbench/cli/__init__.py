@@ -13,7 +13,8 @@ USAGE = """usage: python -m specbench [hydra flags] <command> [args]
 
 commands:
   run [overrides]      benchmark a method, e.g. `run method=baseline task=all limit=2`
-                       (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps)
+                       (Hydra: `--cfg job` prints the config, `-m run method=a,b` sweeps;
+                       `run backend=vllm interleave=[ngram]`: vLLM servers, after `make vllm`)
   report [results]     leaderboard tables (md/csv/tex) and figures from answer files
   check --quick [--base REV]  the quick suite at the base commit and here, in turn, compared paired;
                        exit 1 on a regression (`check` alone: results against results/reference)
@@ -54,9 +55,12 @@ def _run(args: list[str]) -> int:
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:
         from specbench.analysis.summary import run_summary
-        from specbench.run import session
 
         try:
+            if cfg.backend.name == "local":
+                from specbench.run import session
+            else:  # an engine we did not write (configs/backend/)
+                from specbench.serving import session
             done = session.run(cfg)
             print(run_summary(done))
             for outcome in done.failures():  # the last lines: what this run could not answer
@@ -150,6 +154,8 @@ def _report(args: list[str]) -> int:
                                                                    "the baseline's; nothing to recheck"]))
         for problem in [*group.problems, *group.notes]:
             print(f"warning: {problem}", file=sys.stderr)
+    if engines := leaderboard.engines_table(groups, opts.tie_margin):
+        print("\n" + leaderboard.engines_markdown(engines))
     if batches := leaderboard.batch_console(groups):
         print(batches)
         print(leaderboard.BATCH_NOTE)

@@ -552,6 +552,10 @@ def build(
             if group.results:
                 written += write_group(group, out_dir)
         written += write_batches(groups, out_dir, figures)
+        if engines := engines_table(groups, tie_margin):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "engines.md").write_text(engines_markdown(engines), encoding="utf-8")
+            written.append(out_dir / "engines.md")
         if figures:
             written += _figures(groups, out_dir)
         if any(group.results for group in groups):  # the page: these tables and figures in one file
@@ -582,3 +586,49 @@ def _figures(groups: list[Group], out_dir: Path) -> list[Path]:
         if len(same) > 1:
             written += figures.figure6(same, out_dir / f"{dataset}-{model}-fig6")
     return written
+
+
+ENGINES_NOTE = (
+    "Engines: each engine's speedup is against its own baseline (vLLM without speculation for vLLM's methods, "
+    "our baseline for ours), paired question by question within its job; the two jobs ran apart, so their "
+    "tokens/s are shown, not divided. vLLM's #Mean accepted tokens: tokens per engine step, read off its stream "
+    "(one chunk per step), steps without a draft counted as in ours; its acceptance rate: its own counters "
+    "(vllm:spec_decode_num_accepted_tokens / _num_draft_tokens). Greedy: the engine's answers equal "
+    "to our baseline's token for token; a divergence at a near-tie of our baseline's top-2 logits is arithmetic "
+    "(another engine's kernels or batch shapes round differently), one that is not needs a look."
+)
+
+
+def engines_table(groups: list[Group], tie_margin: float = 0.05) -> list[tuple[str, list[str], list[list[str]]]]:
+    """For each engine group with ours beside it: (title, headers, rows) of the engines table."""
+    from specbench.analysis import engines
+
+    tables = []
+    for engine, local in engines.pairs(groups):
+        headers = ["Engine", "Method", "Speedup", "#Mean acc.", "Accept rate", "tok/s", "Ours", "Speedup",
+                   "#Mean acc.", "Accept rate", "tok/s", "Greedy: = our baseline"]
+        body = []
+        for row in engines.rows(engine, local, tie_margin):
+            o = row["ours_numbers"]
+            body.append([row["engine"], row["method"], _ci_cell(row), _fmt(row["mean_accepted"]),
+                         _fmt(row["acceptance_rate"], ".1%"), _fmt(row["tokens_per_s"], ".1f"), row["ours"] or "-",
+                         _ci_cell(o), _fmt(o["mean_accepted"]), _fmt(o["acceptance_rate"], ".1%"),
+                         _fmt(o["tokens_per_s"], ".1f"), engines.greedy_cell(row["greedy"])])
+        where = (f"{local.title}" if local is not None else f"{engine.title} (no answers of ours on this model, "
+                 "dataset and temperature)")
+        tables.append((f"Engines: {engine.model} beside {where}", headers, body))
+    return tables
+
+
+def _ci_cell(numbers: dict[str, float]) -> str:
+    if math.isnan(numbers["speedup"]):
+        return "-"
+    cell = f"{numbers['speedup']:.2f}x"
+    if not math.isnan(numbers["ci_low"]):
+        cell += f" [{numbers['ci_low']:.2f}, {numbers['ci_high']:.2f}]"
+    return cell
+
+
+def engines_markdown(tables: list[tuple[str, list[str], list[list[str]]]]) -> str:
+    parts = [f"## {title}\n\n{markdown(headers, rows)}\n" for title, headers, rows in tables]
+    return "\n".join(parts) + f"\n{ENGINES_NOTE}\n"

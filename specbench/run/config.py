@@ -19,7 +19,7 @@ from specbench.core.resources import CONFIG_DIR
 from specbench.engine.budget import BUDGET_MODES
 from specbench.run.registry import discover, in_scope, register_with_hydra
 
-GROUPS = ("model", "method", "task", "dataset", "sweep")
+GROUPS = ("model", "method", "task", "dataset", "sweep", "backend")
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
                      "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 
@@ -47,6 +47,7 @@ def check_overrides(overrides: list[str]) -> None:
     the registry (built-in, methods/ folder, the command line's search path, entry points)."""
     keys = top_level_keys()
     registry = register_with_hydra(discover(overrides))
+    presets = backend_presets(overrides)
     for before, item in zip([""] + overrides, overrides):
         if item.startswith("-") or before in HYDRA_VALUE_FLAGS:
             continue
@@ -57,7 +58,12 @@ def check_overrides(overrides: list[str]) -> None:
         if key.startswith("hydra") or item.startswith(("+", "~")):
             continue
         root = key.split(".", 1)[0].split("@", 1)[0]
-        if key in ("method", "interleave"):
+        if key == "interleave" and presets is not None:  # an engine's presets (backend=vllm)
+            for name in _values(value):
+                if name not in presets:
+                    raise SpecbenchError(f"the backend has no preset '{name}' (its presets: {', '.join(presets)}); "
+                                         "pick some with interleave=[...]")
+        elif key in ("method", "interleave"):
             for name in _values(value):
                 if name not in registry:
                     raise registry.unknown(name)
@@ -70,6 +76,16 @@ def check_overrides(overrides: list[str]) -> None:
             raise SpecbenchError(
                 f"unknown key '{key}'; available keys: {', '.join(keys)} (and {', '.join(g + '.*' for g in GROUPS)})"
             )
+
+
+def backend_presets(overrides: list[str]) -> list[str] | None:
+    """The method presets of the run's backend (an engine we did not write), None for the local one."""
+    chosen = [item.split("=", 1)[1] for item in overrides if item.startswith("backend=")]
+    name = chosen[-1].strip() if chosen else "local"
+    if name not in options("backend"):
+        return None  # check_overrides names the unknown option
+    presets = OmegaConf.load(CONFIG_DIR / "backend" / f"{name}.yaml").get("presets")
+    return list(presets) if presets is not None else None
 
 
 def check_compose(overrides: list[str]) -> None:
