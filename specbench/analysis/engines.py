@@ -16,6 +16,7 @@ from typing import Any
 from specbench.analysis import audit
 from specbench.analysis.report import FIXED, Group, MethodResult
 from specbench.analysis.runs import BASELINE
+from specbench.core.answers import EXTRA_KEY
 
 
 def engine_of(group: Group) -> str | None:
@@ -49,6 +50,19 @@ def pairs(groups: list[Group]) -> list[tuple[Group, Group | None]]:
     return out
 
 
+def counter_acceptance_length(runs: list[Any]) -> float:
+    """vLLM's own mean acceptance length from its counters over the runs' answers: 1 + accepted / drafts
+    (steps with a draft only; nan without drafts)."""
+    drafts = accepted = 0
+    for run in runs:
+        for record in run.records:
+            for stats in (record.get(EXTRA_KEY) or {}).get("stats") or []:
+                if isinstance(stats, dict):
+                    drafts += int(stats.get("drafts") or 0)
+                    accepted += int(stats.get("accepted_tokens") or 0)
+    return 1 + accepted / drafts if drafts else math.nan
+
+
 def _numbers(result: MethodResult | None) -> dict[str, float]:
     overall = result.rows.get("overall", {}) if result is not None else {}
     return {k: overall.get(k, math.nan) for k in ("speedup", "ci_low", "ci_high", "mean_accepted", "acceptance_rate",
@@ -72,7 +86,8 @@ def rows(engine: Group, local: Group | None, tie_margin: float = 0.05) -> list[d
         ours_name = BASELINE if result.method == BASELINE else str(result.facts.get("ours") or "")
         ours = _ours(local, ours_name)
         row = {"engine": name, "method": result.method, **_numbers(result), "ours": ours.method if ours else
-               (ours_name or None), "ours_numbers": _numbers(ours), "greedy": None}
+               (ours_name or None), "ours_numbers": _numbers(ours), "greedy": None,
+               "counter_length": counter_acceptance_length(engine.methods[result.method])}
         if engine.temperature == 0 and base:
             row["greedy"] = audit.lossless_audit(engine.methods[result.method], base, tie_margin)
         out.append(row)

@@ -592,7 +592,9 @@ ENGINES_NOTE = (
     "Engines: each engine's speedup is against its own baseline (vLLM without speculation for vLLM's methods, "
     "our baseline for ours), paired question by question within its job; the two jobs ran apart, so their "
     "tokens/s are shown, not divided. vLLM's #Mean accepted tokens: tokens per engine step, read off its stream "
-    "(one chunk per step), steps without a draft counted as in ours; its acceptance rate: its own counters "
+    "(one chunk per step), steps without a draft counted as in ours; 1 + acc./drafts: vLLM's own mean "
+    "acceptance length from its counters (vllm:spec_decode_num_accepted_tokens / _num_drafts: steps with a draft "
+    "only, and accepted tokens past max_tokens counted); its acceptance rate: its counters too "
     "(vllm:spec_decode_num_accepted_tokens / _num_draft_tokens). Greedy: the engine's answers equal "
     "to our baseline's token for token; a divergence at a near-tie of our baseline's top-2 logits is arithmetic "
     "(another engine's kernels or batch shapes round differently), one that is not needs a look."
@@ -605,13 +607,15 @@ def engines_table(groups: list[Group], tie_margin: float = 0.05) -> list[tuple[s
 
     tables = []
     for engine, local in engines.pairs(groups):
-        headers = ["Engine", "Method", "Speedup", "#Mean acc.", "Accept rate", "tok/s", "Ours", "Speedup",
+        headers = ["Engine", "Method", "Speedup", "#Mean acc.", "1 + acc./drafts", "Accept rate", "tok/s", "Ours",
+                   "Speedup",
                    "#Mean acc.", "Accept rate", "tok/s", "Greedy: = our baseline"]
         body = []
         for row in engines.rows(engine, local, tie_margin):
             o = row["ours_numbers"]
             body.append([row["engine"], row["method"], _ci_cell(row), _fmt(row["mean_accepted"]),
-                         _fmt(row["acceptance_rate"], ".1%"), _fmt(row["tokens_per_s"], ".1f"), row["ours"] or "-",
+                         _fmt(row["counter_length"]), _fmt(row["acceptance_rate"], ".1%"),
+                         _fmt(row["tokens_per_s"], ".1f"), row["ours"] or "-",
                          _ci_cell(o), _fmt(o["mean_accepted"]), _fmt(o["acceptance_rate"], ".1%"),
                          _fmt(o["tokens_per_s"], ".1f"), engines.greedy_cell(row["greedy"])])
         where = (f"{local.title}" if local is not None else f"{engine.title} (no answers of ours on this model, "
