@@ -97,6 +97,7 @@ def test_a_vllm_run_files_answers_that_report_reads(setup, tmp_path):
     assert max(a for r in ngram for a in r["choices"][0]["accept_lengths"]) == 2
     meta = json.loads((answers_file(out, "ngram", model="local-vllm").parent / "meta.json").read_text())
     assert meta["identity"]["preset"]["speculative_config"]["method"] == "ngram"
+    assert meta["memory"]["peak_bytes"] > 1 << 20  # the stand-in's process, measured
     assert meta["environment"]["vllm"] == "0.0-fake" and "--speculative-config" in meta["environment"]["server_command"]
     assert "ngram" in done.out and "baseline" in done.out  # the run's summary table
     ours = cli("run", "model=local", f"model.path={model_dir}", "dataset=spec_bench", f"dataset.path={questions}",

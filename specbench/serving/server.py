@@ -103,6 +103,22 @@ class Server:
                               f"answers so far are kept; run the same command again to resume (log: {self.log})",
                               fatal=True)
 
+    def peak_memory(self) -> int | None:
+        """The peak resident memory of the server's processes (Linux VmHWM, else their resident memory
+        now), summed; None for a server specbench did not start, or one already gone."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        import psutil
+
+        total = 0
+        try:
+            root = psutil.Process(self.process.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                total += _peak_rss(proc)
+        except psutil.Error:
+            return None
+        return total or None
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
@@ -123,3 +139,17 @@ def fill(template: list[Any], values: dict[str, Any]) -> list[str]:
     except KeyError as exc:
         raise SpecbenchError(f"backend.command names {{{exc.args[0]}}}, which is not one of "
                              f"{', '.join(sorted(values))}; fix backend.command") from None
+
+
+def _peak_rss(proc: Any) -> int:
+    try:
+        with open(f"/proc/{proc.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(proc.memory_info().rss)
+    except Exception:  # noqa: BLE001 - a process that just ended counts nothing
+        return 0

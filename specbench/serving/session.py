@@ -218,6 +218,9 @@ class Session:
             finally:
                 for lane in open_lanes:
                     lane.meta["finished"] = time.time()
+                    if (peak := lane.server.peak_memory()) is not None:  # read by `report` and `recommend`
+                        lane.meta["memory"] = {"peak_bytes": peak, "measured_by": "the vLLM server's processes: "
+                                               "peak resident memory (VmHWM) summed"}
                     with contextlib.suppress(OSError):
                         write_meta(lane.folder / META, lane.meta)
                     lane.server.stop()
