@@ -178,3 +178,31 @@ def test_merged_chunks_leave_the_turns_out_of_mean_accepted_tokens(setup, tmp_pa
     records = read(answers_file(out, "ngram", model="local-vllm"))
     assert all(not s["steps_exact"] for r in records for s in r[EXTRA_KEY]["stats"])
     assert all(r["choices"][0]["accept_lengths"] == [] for r in records)
+
+
+def test_ctrl_c_stops_the_servers_and_keeps_the_answers(setup, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from helpers import REPO
+
+    model_dir, questions = setup
+    out = tmp_path / "answers"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "specbench", *vllm_args(model_dir, questions, out, "warmup=0",
+                                                                          mode="slow=0.5")],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    answers = answers_file(out, "baseline", model="local-vllm")
+    deadline = time.time() + 120
+    while time.time() < deadline and not (answers.is_file() and answers.read_text().count("\n") >= 1):
+        time.sleep(0.2)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert "interrupted after" in err and "run the same command again to resume" in err
+    kept = read(answers)
+    assert 1 <= len(kept) < 7
+    assert "specbench starts" in (out / "logs" / "local-vllm" / "baseline.log").read_text()  # the run started it
+    assert not subprocess.run(["pgrep", "-f", str(model_dir)], capture_output=True).stdout.strip()  # and stopped it

@@ -104,10 +104,10 @@ class Session:
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_ids = eos_ids(Path(self.model_dir), self.tokenizer)
-        self.context = context_length(Path(self.model_dir))
+        known = [n for n in (context_length(Path(self.model_dir)), int(self.backend.max_model_len)) if n]
+        self.context = min(known) if known else None  # the server holds prompt + answer within max_model_len
         self.labels: list[str] = []
         self.outcomes: list[Outcome] = []
-        self.interrupted = lambda: False
         self.merged_warned = False
 
     # -- what runs -------------------------------------------------------------------------------
@@ -286,6 +286,13 @@ class Session:
                     if i < len(lane.todo):
                         self.answer_one(lane, lane.todo[i], writer)
                         bar.update(1)
+        except KeyboardInterrupt:
+            bar.close()
+            for lane in lanes:
+                o = lane.outcome
+                print(f"\n{o.label}: interrupted after {o.written} of {o.todo} questions; the answers so far are "
+                      f"saved in {o.folder}; run the same command again to resume", file=sys.stderr)
+            raise
         finally:
             bar.close()
             for writer in writers:
