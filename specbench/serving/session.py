@@ -14,6 +14,7 @@ files as the local runner's: appended per question, resumed by running the same 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
@@ -41,6 +42,7 @@ from specbench.core.answers import (
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.prompts import prompt_ids
+from specbench.run.session import Outcome  # the local runner's record of a method run, shared
 from specbench.serving.client import Client, Completion, ServerError
 from specbench.serving.metrics import Counters, step_lengths
 from specbench.serving.server import Server, fill, free_port
@@ -48,17 +50,6 @@ from specbench.serving.server import Server, fill, free_port
 BASELINE = "baseline"
 #: how long the counters may lag behind the last streamed chunk (vLLM updates them from its output loop)
 SETTLE_SECONDS = 5.0
-
-
-@dataclass
-class Outcome:
-    label: str
-    folder: Path
-    todo: int
-    kept: int = 0
-    written: int = 0
-    failed: int = 0
-    first_error: str = ""
 
 
 @dataclass
@@ -71,11 +62,6 @@ class Lane:
     meta: dict[str, Any] = field(default_factory=dict)
     outcome: Outcome | None = None
     client: Client | None = None
-
-
-def engine_model(cfg: DictConfig) -> str:
-    """The model name answers are filed under (the session's config already carries it)."""
-    return str(cfg.model.name)
 
 
 class Session:
@@ -176,7 +162,7 @@ class Session:
         from specbench.run.shards import shard_dir
 
         c = self.cfg
-        folder = run_dir(c.output_dir, c.dataset.name, engine_model(c), name, float(c.temperature), run)
+        folder = run_dir(c.output_dir, c.dataset.name, str(c.model.name), name, float(c.temperature), run)
         return folder / shard_dir(c.shard) if c.shard else folder
 
     # -- the run ---------------------------------------------------------------------------------
@@ -187,15 +173,13 @@ class Session:
 
     def run_once(self, run: int) -> None:
         lanes = []
-        log_dir = Path(self.cfg.output_dir) / "logs" / engine_model(self.cfg)
+        log_dir = Path(self.cfg.output_dir) / "logs" / str(self.cfg.model.name)
         for name in self.names:
             folder = self.run_dir(name, run)
             lane = Lane(name, dict(self.backend.presets[name]), self.server(name, log_dir), folder)
             lanes.append(lane)
             if name not in self.labels:
                 self.labels.append(name)
-        import contextlib
-
         with contextlib.ExitStack() as stack:
             for lane in lanes:
                 stack.enter_context(locked(lane.folder))
@@ -322,7 +306,7 @@ class Session:
                 errors.write({"question_id": question.question_id, "category": question.category,
                               "method": lane.name, "error": reason, "tstamp": time.time()})
             return
-        record.update(model_id=engine_model(self.cfg), answer_id=uuid.uuid4().hex, tstamp=time.time())
+        record.update(model_id=str(self.cfg.model.name), answer_id=uuid.uuid4().hex, tstamp=time.time())
         record[EXTRA_KEY].update(method=lane.name)
         writer.write(record)
         outcome.written += 1
