@@ -13,11 +13,13 @@ STAMP  := $(VENV)/.installed
 # `bench` suite (`specbench methods --names --suite bench`: the built-ins and
 # your methods/ folder), asked when the recipe runs; `make bench METHODS=baseline,sps` picks some.
 METHODS ?=
-BENCH_ARGS ?= task=all limit=10
+# 3 questions per subtask (18, both turns of the two-turn ones): the first run within 20 minutes on 2 cores
+# once the zoo comes from the package index (docs/setup.md, Times); `BENCH_ARGS="task=all limit=10"` for more.
+BENCH_ARGS ?= task=all limit=3
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real engines leaderboard leaderboard-batch leaderboard-budget check gate-power test test-fast zoo data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-batch leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-bench: install  ## the main job: every method on 10 synthetic questions per subtask with the tiny zoo, then the table
+bench: install  ## the main job: every method on 3 synthetic questions per subtask with the tiny zoo, then the table
 	$(PY) -m specbench zoo build
 	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench))" && \
 	$(PY) -m specbench run method=baseline interleave=[$$methods] $(BENCH_ARGS)
@@ -142,8 +144,15 @@ test-fast: install  ## the fast tier: no zoo, under 2 minutes on 2 cores
 	@zoo=$$(mktemp -d); SPECBENCH_ZOO_DIR=$$zoo SPECBENCH_ZOO_BUILD=0 $(PY) -m pytest -q -n $(TEST_WORKERS) \
 	    --dist loadfile -m fast; status=$$?; rm -rf $$zoo; exit $$status
 
-zoo: install  ## build (or reuse) the embedded model zoo
+zoo: install  ## build (or reuse, or fetch from the package index) the embedded model zoo
 	$(PY) -m specbench zoo build
+
+# `make zoo-release` (maintainers): wheels of the built zoo, its heads and Hydra's head in dist/zoo and the
+# manifest specbench/zoo/release.json that makes runs fetch them; upload the wheels (`twine upload dist/zoo/*`),
+# then commit the manifest. docs/setup.md, "The zoo from the package index".
+zoo-release: install  ## wheels of the built zoo for the package index, and the manifest that fetches them
+	$(PY) -m specbench zoo build
+	$(PY) -m specbench zoo release --out dist/zoo
 
 data: install  ## download the official Spec-Bench questions (checksum verified)
 	$(PY) -m specbench data fetch

@@ -40,6 +40,7 @@ WHEEL=$(ls "$WORK"/dist/specbench-*.whl)
 echo "$WHEEL"
 "$PYTHON" -m zipfile -l "$WHEEL" > "$WORK/wheel-files.txt"
 grep -q "specbench/configs/config.yaml" "$WORK/wheel-files.txt" || fail "the wheel has no specbench/configs/"
+grep -q "specbench/zoo/release.json" "$WORK/wheel-files.txt" || fail "the wheel has no specbench/zoo/release.json (the zoo's release manifest)"
 echo "$(grep -c "specbench/configs/.*\.yaml" "$WORK/wheel-files.txt") config files under specbench/configs/"
 
 step "scratch venv: $TORCH, then the wheel and its dependencies"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+import time
 
 from omegaconf import DictConfig
 
@@ -26,7 +28,36 @@ def _parser() -> ArgumentParser:
                       help="also time decoding now, on this machine (the card's numbers are from the build)")
     for p in (build, path, card):
         p.add_argument("overrides", nargs="*", metavar="key=value", help="configs/zoo.yaml overrides")
+    release = sub.add_parser("release", help="wheels of the built zoo's folders for a package index, and the "
+                             "manifest (specbench/zoo/release.json) by which runs fetch them instead of training")
+    release.add_argument("--out", default="dist/zoo", help="folder for the wheels (default: dist/zoo)")
+    release.add_argument("--version", default=time.strftime("%Y.%-m.%-d"),
+                         help="the wheels' version (default: today, YYYY.M.D)")
+    release.add_argument("--manifest", default=None,
+                         help="the manifest to write (default: the package's specbench/zoo/release.json)")
     return parser
+
+
+def _release(opts: argparse.Namespace) -> int:
+    """Wheels of the default zoo, its heads and the built-in methods' trained heads; all must be built."""
+    from pathlib import Path
+
+    from specbench.run.registry import BUILTIN, discover
+    from specbench.zoo import release
+    from specbench.zoo.parts import heads_dir, trained_part_dir
+
+    zoo = store.zoo_root() / store.zoo_hash(store.load_zoo_config())
+    if not store.is_complete(zoo):
+        raise SpecbenchError(f"the zoo {zoo} is not built; run `python -m specbench zoo build` first")
+    registry = discover()
+    trained = [name for name in registry.trained() if registry.specs[name].source == BUILTIN]
+    folders = [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name) for name in trained]
+    wheels = release.release(folders, opts.version, Path(opts.out), Path(opts.manifest) if opts.manifest else None)
+    for wheel in wheels:
+        print(f"{opts.out}/{wheel.wheel}  {wheel.bytes / 1e6:.1f} MB  sha256 {wheel.sha256}")
+    print(f"manifest: {opts.manifest or release.manifest_path()} (commit it once the wheels are on the index: "
+          f"`twine upload {opts.out}/*`)")
+    return 0
 
 
 def _card_text(folder: os.PathLike, as_json: bool = False) -> str:
@@ -64,6 +95,8 @@ def zoo_main(argv: list[str]) -> int:
     """The body of `python -m specbench zoo ...`; returns the exit status."""
     opts = _parser().parse_args(argv)
     try:
+        if opts.action == "release":
+            return _release(opts)
         cfg = store.load_zoo_config(opts.overrides)
         folder = store.zoo_root() / store.zoo_hash(cfg)
         if opts.action == "path":

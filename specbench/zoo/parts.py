@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -52,19 +53,27 @@ def ensure_heads() -> Path:
 
 
 def _built(final: Path, card: str, what: str, build: Callable[[Path], None]) -> Path:
-    """`final`, built once by `build(tmp)` (core.files.build_once: a second process waits, then reuses it)."""
+    """`final`, fetched when the zoo's release names it (specbench.zoo.release), else built once by
+    `build(tmp)` (core.files.build_once: a second process waits, then reuses it)."""
+    from specbench.zoo import release
+
     if (final / card).is_file():
         return final
     check_may_build(final)
-    return build_once(final, card, build,
-                      f"specbench: training {what} into {final} (done once, then cached)")
+
+    def fetch_or_build(tmp: Path) -> None:
+        if not release.fetch(final, tmp):
+            print(f"specbench: training {what} into {final} (done once, then cached)", file=sys.stderr, flush=True)
+            build(tmp)
+
+    return build_once(final, card, fetch_or_build)
 
 
 def trained_part(name: str) -> Path | None:
     """`zoo:NAME` of a method that trains its own head (specbench.heads.recipe): its folder beside the
     zoo, `<zoo hash>.NAME-<key of its settings, its recipe's code and the zoo's build>`, trained on the
     zoo's corpus the first time; None when no method of that name trains a head."""
-    from specbench.heads.recipe import PART_CARD, part_key, train_part
+    from specbench.heads.recipe import PART_CARD, train_part
     from specbench.run.registry import discover
 
     registry = discover()
@@ -72,7 +81,7 @@ def trained_part(name: str) -> Path | None:
         return None
     cls, settings = registry.recipe(name)
     zoo = ensure_zoo()
-    final = zoo.with_name(f"{zoo.name}.{name}-{part_key(cls, settings, (zoo / COMPLETE).read_text())}")
+    final = trained_part_dir(zoo, name)
 
     def build(tmp: Path) -> None:
         threads = torch.get_num_threads()
@@ -83,6 +92,15 @@ def trained_part(name: str) -> Path | None:
             torch.set_num_threads(threads)
 
     return _built(final, PART_CARD, f"the zoo's {name} head", build)
+
+
+def trained_part_dir(zoo: Path, name: str) -> Path:
+    """The folder of `zoo:NAME` for a method that trains its own head (not necessarily built yet)."""
+    from specbench.heads.recipe import part_key
+    from specbench.run.registry import discover
+
+    cls, settings = discover().recipe(name)
+    return zoo.with_name(f"{zoo.name}.{name}-{part_key(cls, settings, (zoo / COMPLETE).read_text())}")
 
 
 def zoo_head_data(zoo: Path) -> Any:

@@ -107,17 +107,23 @@ def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
         if is_complete(final) and (not force or waited):
             return final
         _clear_leftovers(root, digest)
-        print(f"specbench: building the tiny model zoo into {final} ({BUILD_TIME}; done once, then cached; "
-              f"`python -m specbench zoo build` builds it ahead of time)", file=sys.stderr, flush=True)
         _build_into(cfg, root, digest)
     return final
 
 
 def _build_into(cfg: DictConfig, root: Path, digest: str) -> None:
-    from specbench.zoo.build import build
+    """The zoo into `root/digest`: its published copy when the release names it (specbench.zoo.release),
+    else trained here."""
+    from specbench.zoo import release
+    from specbench.zoo.build import QUALITY_CARD, build
     from specbench.zoo.card import format_card
 
     def fill(tmp: Path) -> None:
+        if release.fetch(root / digest, tmp):  # the published folder carries its card and COMPLETE marker
+            print(format_card(json.loads((tmp / QUALITY_CARD).read_text())), file=sys.stderr, flush=True)
+            return
+        print(f"specbench: building the tiny model zoo into {root / digest} ({BUILD_TIME}; done once, then cached; "
+              f"`python -m specbench zoo build` builds it ahead of time)", file=sys.stderr, flush=True)
         card = build(cfg, tmp, digest, ZOO_CODE_VERSION)
         print(format_card(card), file=sys.stderr, flush=True)
         marker = json.dumps({"zoo_hash": digest, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
