@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.stopping import eos_token_ids
 from specbench.gguf import gguf_folder, is_gguf
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -134,14 +135,8 @@ class LoadedModel:
     @property
     def eos_ids(self) -> set[int]:
         """EOS ids from the generation config (may be several, e.g. Llama-3) and the tokenizer."""
-        ids: set[int] = set()
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        for source in (gen_eos, self.tokenizer.eos_token_id):
-            if isinstance(source, int):
-                ids.add(source)
-            elif source:
-                ids.update(int(i) for i in source)
-        return ids
+        return eos_token_ids(gen_eos, self.tokenizer.eos_token_id)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -54,3 +54,27 @@ class StopCriteria:
     def _has_stop_string(self, tokens: Sequence[int], i: int) -> bool:
         text = self.decode(tokens[max(0, i + 1 - self._window) : i + 1])  # type: ignore[misc]
         return any(s in text for s in self.stop_strings)
+
+
+def eos_token_ids(*sources: object) -> set[int]:
+    """The EOS ids named by `sources`: each an id, a list of ids (a generation config may give several,
+    e.g. Llama-3) or None."""
+    ids: set[int] = set()
+    for source in sources:
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)  # type: ignore[union-attr]
+    return ids
+
+
+def answer_text(tokens: Iterable[int], decode: Callable[..., str], eos_ids: Iterable[int],
+                stop_strings: Iterable[str]) -> str:
+    """An answer's text as upstream files it: EOS tokens dropped, special tokens skipped, cut before the
+    first stop string, stripped. `decode` is a tokenizer's decode."""
+    eos = set(eos_ids)
+    text = decode([t for t in tokens if t not in eos], skip_special_tokens=True)
+    for stop in stop_strings:
+        if stop in text:
+            text = text[: text.index(stop)]
+    return text.strip()

@@ -42,7 +42,7 @@ from specbench.core.files import write_atomic
 from specbench.core.prompts import prompt_ids
 from specbench.core.resources import CONFIG_DIR
 from specbench.core.sampling import SamplingParams
-from specbench.core.stopping import StopCriteria
+from specbench.core.stopping import StopCriteria, answer_text
 from specbench.core.timing import Timer, Timing, timer_for
 from specbench.engine.api import GenerationResult, Method, Request, Requests
 from specbench.engine.batch import batch_problem
@@ -543,13 +543,7 @@ class Session:
 
     def answer_text(self, tokens: list[int]) -> str:
         """The answer as text: EOS dropped, cut at a stop string, stripped (as upstream)."""
-        text = self.target.tokenizer.decode(
-            [t for t in tokens if t not in self.stop.eos_ids], skip_special_tokens=True
-        )
-        for stop in self.cfg.model.stop_strings:
-            if stop in text:
-                text = text[: text.index(stop)]
-        return text.strip()
+        return answer_text(tokens, self.target.tokenizer.decode, self.stop.eos_ids, self.cfg.model.stop_strings)
 
 
 def check_result(method: Method, result: GenerationResult) -> None:

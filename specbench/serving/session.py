@@ -42,6 +42,7 @@ from specbench.core.answers import (
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.prompts import prompt_ids
+from specbench.core.stopping import answer_text, eos_token_ids
 from specbench.run.session import Outcome  # the local runner's record of a method run, shared
 from specbench.serving.client import Client, Completion, ServerError
 from specbench.serving.metrics import Counters, step_lengths
@@ -367,11 +368,7 @@ class Session:
             time.sleep(0.05)
 
     def answer_text(self, done: Completion) -> str:
-        text = self.tokenizer.decode([t for t in done.token_ids if t not in self.eos_ids], skip_special_tokens=True)
-        for stop in self.cfg.model.stop_strings:
-            if stop in text:
-                text = text[: text.index(stop)]
-        return text.strip()
+        return answer_text(done.token_ids, self.tokenizer.decode, self.eos_ids, self.cfg.model.stop_strings)
 
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.failed]
@@ -386,17 +383,9 @@ MEASURES = ("wall_time: request sent to last streamed chunk, on the client's clo
 
 def eos_ids(folder: Path, tokenizer: Any) -> set[int]:
     """EOS ids from the generation config (may be several) and the tokenizer, as the local runner."""
-    ids: set[int] = set()
-    sources: list[Any] = [tokenizer.eos_token_id]
     path = folder / "generation_config.json"
-    if path.is_file():
-        sources.append(json.loads(path.read_text()).get("eos_token_id"))
-    for source in sources:
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(i) for i in source)
-    return ids
+    generation = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    return eos_token_ids(generation, tokenizer.eos_token_id)
 
 
 def context_length(folder: Path) -> int | None:

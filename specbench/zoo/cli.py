@@ -20,7 +20,8 @@ def _parser() -> ArgumentParser:
                                      description="The embedded tiny model zoo (model=tiny).")
     sub = parser.add_subparsers(dest="action", required=True)
     build = sub.add_parser("build", help="build the zoo (or reuse the cached one) and print its quality card")
-    build.add_argument("--force", action="store_true", help="rebuild even when a finished zoo is cached")
+    build.add_argument("--force", action="store_true",
+                       help="train the zoo here even when a finished one is cached (or published)")
     path = sub.add_parser("path", help="print the zoo's folder (built or not)")
     card = sub.add_parser("card", help="print the quality card of the built zoo")
     card.add_argument("--json", action="store_true", help="print quality.json as is")

@@ -107,19 +107,19 @@ def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
         if is_complete(final) and (not force or waited):
             return final
         _clear_leftovers(root, digest)
-        _build_into(cfg, root, digest)
+        _build_into(cfg, root, digest, fetch=not force)
     return final
 
 
-def _build_into(cfg: DictConfig, root: Path, digest: str) -> None:
-    """The zoo into `root/digest`: its published copy when the release names it (specbench.zoo.release),
-    else trained here."""
+def _build_into(cfg: DictConfig, root: Path, digest: str, fetch: bool = True) -> None:
+    """The zoo into `root/digest`: its published copy when the release names it (specbench.zoo.release)
+    and `fetch`, else trained here (`zoo build --force` trains)."""
     from specbench.zoo import release
     from specbench.zoo.build import QUALITY_CARD, build
     from specbench.zoo.card import format_card
 
     def fill(tmp: Path) -> None:
-        if release.fetch(root / digest, tmp):  # the published folder carries its card and COMPLETE marker
+        if fetch and release.fetch(root / digest, tmp):  # the published folder carries its card and COMPLETE marker
             print(format_card(json.loads((tmp / QUALITY_CARD).read_text())), file=sys.stderr, flush=True)
             return
         print(f"specbench: building the tiny model zoo into {root / digest} ({BUILD_TIME}; done once, then cached; "
