@@ -117,8 +117,10 @@ def test_no_download_when_not_published_or_switched_off(index, monkeypatch, case
     assert (final / "CARD").is_file()
 
 
-def test_the_zoo_itself_is_fetched_with_its_marker(tmp_path, monkeypatch, capsys):
-    """ensure_zoo on an empty cache takes the published zoo under its hash (its card printed), never training."""
+@pytest.mark.parametrize("marked", ["its own hash", "another hash"])
+def test_the_zoo_itself_is_fetched_with_its_marker(tmp_path, monkeypatch, capsys, marked):
+    """ensure_zoo on an empty cache takes the published zoo under its hash (its card printed), never training;
+    a published folder marked as another zoo is an error, not a zoo that would be fetched again and again."""
     for var in (store.BUILD_VAR, release.FETCH_VAR):
         monkeypatch.delenv(var, raising=False)
     cfg = store.load_zoo_config()
@@ -126,7 +128,8 @@ def test_the_zoo_itself_is_fetched_with_its_marker(tmp_path, monkeypatch, capsys
     built = tmp_path / "built" / digest
     built.mkdir(parents=True)
     (built / "quality.json").write_text(json.dumps({"zoo_hash": digest}) + "\n")
-    (built / store.COMPLETE).write_text(json.dumps({"zoo_hash": digest, "finished": "then"}) + "\n")
+    mark = digest if marked == "its own hash" else "0123456789ab"
+    (built / store.COMPLETE).write_text(json.dumps({"zoo_hash": mark, "finished": "then"}) + "\n")
     release.release([built], "2.0.0", tmp_path / "index", tmp_path / "release.json")
     monkeypatch.setenv(release.MANIFEST_VAR, str(tmp_path / "release.json"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -134,6 +137,11 @@ def test_the_zoo_itself_is_fetched_with_its_marker(tmp_path, monkeypatch, capsys
     monkeypatch.setenv(store.ENV_VAR, str(tmp_path / "zoo"))
     monkeypatch.setattr("specbench.zoo.card.format_card", lambda card: f"card of {card['zoo_hash']}")
     monkeypatch.setattr("specbench.zoo.build.build", must_not_train)
+    if marked == "another hash":
+        with pytest.raises(SpecbenchError, match="marked as zoo 0123456789ab"):
+            store.ensure_zoo(cfg)
+        assert not (tmp_path / "zoo" / digest).exists()
+        return
     folder = store.ensure_zoo(cfg)
     assert folder == tmp_path / "zoo" / digest and store.is_complete(folder)
     assert f"card of {digest}" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def _release(opts: argparse.Namespace) -> int:
         raise SpecbenchError(f"the zoo {zoo} is not built; run `python -m specbench zoo build` first")
     registry = discover()
     trained = [name for name in registry.trained() if registry.specs[name].source == BUILTIN]
-    folders = [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name) for name in trained]
+    folders = [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name, registry) for name in trained]
     wheels = release.release(folders, opts.version, Path(opts.out), Path(opts.manifest) if opts.manifest else None)
     for wheel in wheels:
         print(f"{opts.out}/{wheel.wheel}  {wheel.bytes / 1e6:.1f} MB  sha256 {wheel.sha256}")

@@ -81,7 +81,7 @@ def trained_part(name: str) -> Path | None:
         return None
     cls, settings = registry.recipe(name)
     zoo = ensure_zoo()
-    final = trained_part_dir(zoo, name)
+    final = trained_part_dir(zoo, name, registry)
 
     def build(tmp: Path) -> None:
         threads = torch.get_num_threads()
@@ -94,12 +94,12 @@ def trained_part(name: str) -> Path | None:
     return _built(final, PART_CARD, f"the zoo's {name} head", build)
 
 
-def trained_part_dir(zoo: Path, name: str) -> Path:
+def trained_part_dir(zoo: Path, name: str, registry: Any = None) -> Path:
     """The folder of `zoo:NAME` for a method that trains its own head (not necessarily built yet)."""
     from specbench.heads.recipe import part_key
     from specbench.run.registry import discover
 
-    cls, settings = discover().recipe(name)
+    cls, settings = (registry or discover()).recipe(name)
     return zoo.with_name(f"{zoo.name}.{name}-{part_key(cls, settings, (zoo / COMPLETE).read_text())}")
 
 

@@ -120,6 +120,10 @@ def _build_into(cfg: DictConfig, root: Path, digest: str, fetch: bool = True) ->
 
     def fill(tmp: Path) -> None:
         if fetch and release.fetch(root / digest, tmp):  # the published folder carries its card and COMPLETE marker
+            marker = json.loads((tmp / COMPLETE).read_text())
+            if marker.get("zoo_hash") != digest:
+                raise SpecbenchError(f"the published zoo {digest} is marked as zoo {marker.get('zoo_hash')}; "
+                                     f"the release manifest is wrong: set {release.FETCH_VAR}=0 to train it here")
             print(format_card(json.loads((tmp / QUALITY_CARD).read_text())), file=sys.stderr, flush=True)
             return
         print(f"specbench: building the tiny model zoo into {root / digest} ({BUILD_TIME}; done once, then cached; "
