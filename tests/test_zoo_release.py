@@ -45,7 +45,7 @@ def index(tmp_path, monkeypatch):
     built = fake_folder(tmp_path / "built", "abc123def456.heads-0a1b2c3d")
     manifest = tmp_path / "release.json"
     wheels = release.release([built], "1.0.0", tmp_path / "index", manifest)
-    assert [w.dist for w in wheels] == ["specbench-zoo-heads"]
+    assert [(w.dist, made) for w, made in wheels] == [("specbench-zoo-heads", True)]
     monkeypatch.setenv(release.MANIFEST_VAR, str(manifest))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
@@ -78,6 +78,21 @@ def test_the_same_folder_and_version_make_the_same_wheel(tmp_path):
     assert one.dist == "specbench-zoo-models" and one.sha256 == two.sha256
     with zipfile.ZipFile(tmp_path / "one" / one.wheel) as archive:
         assert not [n for n in archive.namelist() if n.endswith(".bin")]
+
+
+def test_a_new_release_keeps_the_published_wheels_of_unchanged_folders(tmp_path):
+    """Only a folder the manifest does not name yet gets a wheel (the index refuses a file uploaded twice)."""
+    zoo = fake_folder(tmp_path / "built", "abc123def456")
+    heads = fake_folder(tmp_path / "built", "abc123def456.heads-0a1b2c3d")
+    manifest = tmp_path / "release.json"
+    first = release.release([zoo, heads], "1.0.0", tmp_path / "one", manifest)
+    newer = fake_folder(tmp_path / "built", "abc123def456.heads-99999999")  # a heads setting changed
+    second = release.release([zoo, newer], "2.0.0", tmp_path / "two", manifest)
+    assert [(w.folder, w.version, made) for w, made in second] == [
+        ("abc123def456", "1.0.0", False), ("abc123def456.heads-99999999", "2.0.0", True)]
+    assert second[0][0] == first[0][0]
+    assert [p.name for p in (tmp_path / "two").iterdir()] == ["specbench_zoo_heads-2.0.0-py3-none-any.whl"]
+    assert set(json.loads(manifest.read_text())["folders"]) == {"abc123def456", "abc123def456.heads-99999999"}
 
 
 def test_a_wheel_whose_hash_differs_from_the_manifest_is_refused_and_the_folder_trained(index, capsys):
@@ -130,7 +145,7 @@ def test_the_zoo_itself_is_fetched_with_its_marker(tmp_path, monkeypatch, capsys
     (built / "quality.json").write_text(json.dumps({"zoo_hash": digest}) + "\n")
     mark = digest if marked == "its own hash" else "0123456789ab"
     (built / store.COMPLETE).write_text(json.dumps({"zoo_hash": mark, "finished": "then"}) + "\n")
-    release.release([built], "2.0.0", tmp_path / "index", tmp_path / "release.json")
+    release.release([built], "2.0.0", tmp_path / "index", tmp_path / "release.json")  # a new manifest
     monkeypatch.setenv(release.MANIFEST_VAR, str(tmp_path / "release.json"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))

@@ -54,9 +54,10 @@ def _release(opts: argparse.Namespace) -> int:
     trained = [name for name in registry.trained() if registry.specs[name].source == BUILTIN]
     folders = [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name, registry) for name in trained]
     wheels = release.release(folders, opts.version, Path(opts.out), Path(opts.manifest) if opts.manifest else None)
-    for wheel in wheels:
-        print(f"{opts.out}/{wheel.wheel}  {wheel.bytes / 1e6:.1f} MB  sha256 {wheel.sha256}")
-    print(f"manifest: {opts.manifest or release.manifest_path()} (commit it once the wheels are on the index: "
+    for wheel, made in wheels:
+        where = f"{opts.out}/{wheel.wheel}" if made else f"{wheel.wheel} (published before, kept)"
+        print(f"{wheel.folder}: {where}  {wheel.bytes / 1e6:.1f} MB  sha256 {wheel.sha256}")
+    print(f"manifest: {opts.manifest or release.manifest_path()} (commit it once the new wheels are on the index: "
           f"`twine upload {opts.out}/*`)")
     return 0
 

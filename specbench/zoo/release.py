@@ -231,11 +231,20 @@ def write_manifest(wheels: list[Wheel], path: Path | None = None) -> Path:
     return path
 
 
-def release(folders: list[Path], version: str, out: Path, manifest: Path | None = None) -> list[Wheel]:
-    """Wheels of `folders` in `out` and the manifest naming them (the package's release.json by default)."""
+def release(folders: list[Path], version: str, out: Path,
+            manifest: Path | None = None) -> list[tuple[Wheel, bool]]:
+    """The manifest (the package's release.json by default) naming `folders`, and a wheel in `out` for each
+    folder it did not name yet; a folder it names keeps its published wheel (a folder's name carries the
+    hash of what made it, so the same name is the same folder). Returns (wheel, made now) per folder."""
+    path = manifest or manifest_path()
+    previous = {}
+    if path.is_file():
+        previous = {name: Wheel(folder=name, **entry)
+                    for name, entry in json.loads(path.read_text()).get("folders", {}).items()}
     for folder in folders:
         if not folder.is_dir():
             raise SpecbenchError(f"{folder} is not built; run `python -m specbench zoo build` first")
-    wheels = [make_wheel(folder, version, out) for folder in folders]
-    write_manifest(wheels, manifest)
+    wheels = [(previous[f.name], False) if f.name in previous else (make_wheel(f, version, out), True)
+              for f in folders]
+    write_manifest([wheel for wheel, _ in wheels], path)
     return wheels
