@@ -27,6 +27,7 @@ from specbench.engine import (
     verify_greedy,
     verify_sampled,
 )
+from specbench.engine.layers import probe_allowance
 from specbench.engine.target import sliding_window, static_tree_problem, window_problem
 from specbench.models import LoadedModel, load_model
 from specbench.run.registry import build_method
@@ -289,6 +290,24 @@ def _run(method, target, prompt: list[int], max_new: int, sampling=GREEDY):
     ids = torch.tensor([prompt])
     stop = StopCriteria.build(target.eos_ids, max_new)
     return method.decode(method.prefill(ids, sampling), sampling, stop, CpuTimer())
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_tree_probe_in_half_precision_still_catches_a_model_that_ignores_the_mask(tiny_models, dtype):
+    """Half precision judges the probe's error against the same comparison through a plain cached
+    chain (the dtype's own spread): the real model passes, a mask-dropper is still refused."""
+    target = load_model(str(tiny_models["llama"]), device=CPU, dtype=dtype)
+    assert probe_tree_attention(target.model, dtype) is None
+    refused = probe_tree_attention(_MaskDropper(target.model), dtype)
+    assert refused is not None and "differ from chain forwards" in refused and "a cached chain" in refused
+
+
+def test_probe_allowance_widens_only_in_half_precision():
+    assert probe_allowance(torch.float32, 1.0) == 1e-3  # float32: the fixed tolerance, whatever the floor
+    assert probe_allowance(torch.bfloat16, 0.001) == 5e-2
+    assert probe_allowance(torch.bfloat16, 0.03) == pytest.approx(0.12)  # 4 x the unmodified path's error
+    assert probe_allowance(torch.float16, 0.0) == 5e-2
 
 
 @torch.inference_mode()

@@ -6,12 +6,15 @@ import math
 import shutil
 
 import pytest
+import torch
 
 from helpers import cli, record, write_questions, write_run
 from specbench.analysis import frame, report
 from specbench.analysis.audit import is_bug
+from specbench.analysis.recheck import recheck_device, recheck_groups
 from specbench.analysis.runs import Run
 from specbench.core.answers import read_answers
+from specbench.core.errors import SpecbenchError
 from specbench.presentation import leaderboard
 from specbench.presentation.check import gate_problems
 
@@ -80,6 +83,7 @@ def test_recheck_tells_bug_from_baseline_off(baseline_run, tmp_path):
     assert verdicts == {1: "bug", 2: "baseline off"}, audit["mismatches"]
     assert not any(m["near_tie"] for m in audit["mismatches"])  # the near-tie rule alone calls both bugs
     assert [is_bug(m) for m in sorted(audit["mismatches"], key=lambda m: m["question_id"])] == [True, False]
+    assert {m["recheck_device"] for m in audit["mismatches"]} == {"cpu"}  # the run decoded on the CPU
     (gate,) = gate_problems(group)
     assert "fake: 1 greedy answer(s) differ" in gate and "question 1" in gate
     md = (tmp_path / "lb" / "spec_bench-local.md").read_text(encoding="utf-8")
@@ -115,6 +119,25 @@ def test_recheck_without_the_question_file_says_so(baseline_run, tmp_path):
     assert "float64 recheck: 2 not rechecked" in done.out
     md = (tmp_path / "lb" / "spec_bench-local.md").read_text(encoding="utf-8")
     assert "float64 recheck: not rechecked: question file q.jsonl not found" in md
+
+
+def test_recheck_runs_where_the_run_decoded_when_this_machine_can(monkeypatch):
+    def run(device):
+        return Run("synthetic", "tiny", "baseline", 0.0, 1, [], meta={"environment": {"device": device}})
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert recheck_device("auto", run("cuda:0")) == "cuda:0"
+    assert recheck_device("auto", None, run("cuda")) == "cuda"
+    assert recheck_device("auto", run("cuda:1")) == "cpu"  # this machine has no second GPU
+    assert recheck_device("auto", run("cpu")) == "cpu"
+    assert recheck_device("cpu", run("cuda:0")) == "cpu"  # asked for
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert recheck_device("auto", run("cuda:0")) == "cpu"  # a GPU run rechecked on a machine without one
+    with pytest.raises(SpecbenchError, match="no CUDA device is visible; use --recheck-device cpu or auto"):
+        recheck_groups([], device="cuda")
+    with pytest.raises(SpecbenchError, match="unknown recheck device 'tpu'"):
+        recheck_groups([], device="tpu")
 
 
 def turn_stats(drafted, accepted):

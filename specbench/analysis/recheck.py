@@ -6,7 +6,7 @@ with the baseline's token b and the method's token m there. The recheck rebuilds
 prompt of that turn (the question file and the model's tokenizer and template recorded in the
 run's meta.json `config`, earlier turns answered by the baseline's recorded text, as the run
 did; the rebuilt prompt must have the recorded `prompt_tokens`), appends the common prefix of
-the two answers, and runs the target on the CPU in float64 *with the weights the run had* (loaded
+the two answers, and runs the target in float64 *with the weights the run had* (loaded
 in the run's dtype, then widened: a bfloat16 run is judged against exact arithmetic on its own
 bfloat16 weights, not against other weights). It reads the next-token logits z (t = argmax z,
 flip gap g = |z[b] - z[m]|), and measures at that very place how far the run's own precision
@@ -27,6 +27,11 @@ spread the run measured on its device (meta `precision`, see engine.precision) a
 - "not rechecked: <why>": the question file, the question, the model or the prompt could not be
   rebuilt, an answer ended at the divergence, or `limit` was reached (a warning names each cause
   once per group, with how many mismatches it left unchecked).
+
+Where: the device the run decoded on (meta `environment.device`) when this machine has one of that
+kind, else the CPU (`device=` overrides: "cpu", "cuda", "auto"). On the run's own device the
+local error e is the arithmetic the run had (the same kernels); on another it is that dtype's
+arithmetic elsewhere, a proxy of the same size. Each verdict records the device it was made on.
 
 tie_margin is the report's `--tie-margin` (logits), the floor of the near-tie rule's margin too.
 The analysis layer may import `specbench.models` (layers: models < analysis), so the forward pass
@@ -60,13 +65,15 @@ NOT_RECHECKED = "not rechecked: "
 
 @dataclass
 class Rechecker:
-    """Models (loaded once each, float64, CPU), question files and forward passes, cached across groups."""
+    """Models (loaded once each: the run's dtype and float64), question files and forward passes, cached
+    across groups."""
 
     tie_margin: float = 0.05
+    device: str = "auto"  # auto: the run's device where this machine has it, else cpu
     limit: int | None = None  # at most this many mismatches rechecked (forward passes), all groups together
     done: int = 0
-    models: dict[tuple[str, bool, str], tuple[LoadedModel, LoadedModel] | str] = field(default_factory=dict)
-    # (spec, trust_remote_code, dtype) -> (the run-dtype model, its float64 copy), or why it cannot load
+    models: dict[tuple[str, bool, str, str], tuple[LoadedModel, LoadedModel] | str] = field(default_factory=dict)
+    # (spec, trust_remote_code, dtype, device) -> (the run-dtype model, its float64 copy), or why it cannot load
     questions: dict[tuple[str, ...], dict[int, data.Question] | str] = field(default_factory=dict)
     turn: tuple[tuple[str, str, tuple[int, ...]], dict[str, torch.Tensor]] | None = None  # the last turn's rows
 
@@ -105,7 +112,7 @@ class Rechecker:
         if cfg is None:
             raise _Skip("no meta.json config to rebuild the prompt from (answers not written by specbench run)")
         dtype = run_dtype(base) or run_dtype(method) or "float32"
-        low, exact = self.model(cfg, dtype)
+        low, exact = self.model(cfg, dtype, recheck_device(self.device, base, method))
         question = self.question(cfg, base, m["question_id"])
         answer = list((record.get(EXTRA_KEY) or {})["output_ids"][m["turn"]])
         ids = self.prefix(exact, cfg, question, record, m["turn"], len(answer))
@@ -133,19 +140,19 @@ class Rechecker:
         else:
             verdict = NUMERICAL if gap <= margin else BUG
         return {"recheck": verdict, "recheck_token": top, "recheck_gap": gap, "recheck_error": error,
-                "recheck_margin": margin, "recheck_dtype": dtype}
+                "recheck_margin": margin, "recheck_dtype": dtype, "recheck_device": str(low.device)}
 
-    def model(self, cfg: dict[str, Any], dtype: str) -> tuple[LoadedModel, LoadedModel]:
-        """The run's target in the run's dtype on the CPU, and a float64 copy of exactly those weights."""
+    def model(self, cfg: dict[str, Any], dtype: str, device: str = "cpu") -> tuple[LoadedModel, LoadedModel]:
+        """The run's target in the run's dtype on `device`, and a float64 copy of exactly those weights."""
         model_cfg = cfg.get("model") or {}
         spec, trust = model_cfg.get("path"), bool(model_cfg.get("trust_remote_code"))
         if not spec:
             raise _Skip("the run's config names no model.path")
-        key = (str(spec), trust, dtype)
+        key = (str(spec), trust, dtype, device)
         if key not in self.models:
             try:
                 torch_dtype = getattr(torch, dtype)
-                low = load_model(str(spec), device=torch.device("cpu"), dtype=torch_dtype, trust_remote_code=trust)
+                low = load_model(str(spec), device=torch.device(device), dtype=torch_dtype, trust_remote_code=trust)
                 wide = copy.deepcopy(low.model).to(torch.float64)
                 exact = dataclasses.replace(low, model=wide, dtype=torch.float64)
                 self.models[key] = (low, exact)
@@ -266,9 +273,34 @@ def _rows(model: LoadedModel, ids: list[int], n: int) -> torch.Tensor:
     return out.logits[0]
 
 
-def recheck_groups(groups: list[Group], *, tie_margin: float = 0.05, limit: int | None = None) -> Rechecker:
+RECHECK_DEVICES = ("auto", "cpu", "cuda")
+
+
+def recheck_device(wanted: str, *runs: Run | None) -> str:
+    """The device the recheck runs on: `wanted`, or for "auto" the device the run decoded on
+    (meta `environment.device`) when this machine has one of that kind, else "cpu"."""
+    if wanted != "auto":
+        return wanted
+    for run in runs:
+        env = ((run.meta or {}) if run is not None else {}).get("environment") or {}
+        device = str(env.get("device") or "") if isinstance(env, dict) else ""
+        if device.startswith("cuda"):
+            return device if torch.cuda.is_available() and _index(device) < torch.cuda.device_count() else "cpu"
+    return "cpu"
+
+
+def _index(device: str) -> int:
+    return int(device.partition(":")[2] or 0)
+
+
+def recheck_groups(groups: list[Group], *, tie_margin: float = 0.05, limit: int | None = None,
+                   device: str = "auto") -> Rechecker:
     """Recheck every greedy mismatch of the analysed groups (in place: `mismatch["recheck"]`)."""
-    checker = Rechecker(tie_margin=tie_margin, limit=limit)
+    if device not in RECHECK_DEVICES:
+        raise SpecbenchError(f"unknown recheck device {device!r}; use one of {', '.join(RECHECK_DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecbenchError("--recheck-device cuda but no CUDA device is visible; use --recheck-device cpu or auto")
+    checker = Rechecker(tie_margin=tie_margin, limit=limit, device=device)
     for group in groups:
         if group.temperature == 0 and group.batch == 1:  # batched answers: audited against batch 1, not rechecked
             checker.group(group)

@@ -118,8 +118,11 @@ def _report(args: list[str]) -> int:
                         help="count the baseline's tokens as upstream speed.py does (re-tokenised text)")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--recheck", action="store_true",
-                        help="re-run the target alone in float64 (CPU) at each greedy divergence from the baseline: "
+                        help="re-run the target alone in float64 at each greedy divergence from the baseline: "
                              "numerical, baseline off, or bug")
+    parser.add_argument("--recheck-device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the recheck runs: auto = the device the run decoded on when this machine has "
+                             "one (its dtype's local error then comes from the run's own kernels), else the CPU")
     parser.add_argument("--recheck-limit", type=int, metavar="N",
                         help="recheck at most N divergences (one float64 forward each; the rest say so)")
     parser.add_argument("--beside", metavar="DIR",
@@ -144,7 +147,8 @@ def _report(args: list[str]) -> int:
     groups, written = leaderboard.build(
         Path(opts.results), Path(opts.out), upstream_model=opts.upstream_model, tie_margin=opts.tie_margin,
         upstream_tokenizer=tokenizer, figures=not opts.no_figures,
-        recheck=recheck, recheck_limit=opts.recheck_limit, beside=Path(opts.beside) if opts.beside else None,
+        recheck=recheck, recheck_limit=opts.recheck_limit, recheck_device=opts.recheck_device,
+        beside=Path(opts.beside) if opts.beside else None,
     )
     for group in groups:
         if group.results:

@@ -220,6 +220,17 @@ def save_eagle(head: EagleHead, folder: Path, base_model: str = "") -> Path:
     return folder
 
 
+def place_head(head: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The head on the run's device and dtype, its RoPE inverse frequencies kept in float32 (as the
+    target's and as trained): a bfloat16 / float16 copy would shift every angle by an error that
+    grows with the position."""
+    inv_freq = head.rotary.inv_freq.detach().clone()
+    head = head.to(device=device, dtype=dtype).eval()
+    head.rotary.inv_freq = inv_freq.to(device)
+    head.rotary.original_inv_freq = inv_freq.clone().to(device)
+    return head
+
+
 def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.device,
                dtype: torch.dtype) -> EagleHead:
     """An EAGLE-1 head from a folder, checked against the target's hidden size and vocabulary."""
@@ -272,4 +283,4 @@ def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.de
         raise SpecbenchError(f"EAGLE head {path}: embed_tokens.weight is {tuple(embed.shape)}, "
                              f"the target's width is {hidden_size}")
     head.load_state_dict({k: v for k, v in state.items() if k not in IGNORED_KEYS}, strict=True)
-    return head.to(device=device, dtype=dtype).eval()
+    return place_head(head, device, dtype)

@@ -36,7 +36,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from specbench.core.errors import SpecbenchError
 from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
-from specbench.heads.eagle import EagleAttention, EagleMLP, HeadCache
+from specbench.heads.eagle import EagleAttention, EagleMLP, HeadCache, place_head
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 IGNORED_KEYS = ("embed_tokens.weight",)
@@ -200,4 +200,4 @@ def load_eagle3(folder: Path, hidden_size: int, vocab_size: int, device: torch.d
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
         raise SpecbenchError(f"EAGLE-3 head {path}: d2t maps draft tokens outside the target's {vocab_size} ids "
                              "or two draft tokens to one target token")
-    return head.to(device=device, dtype=dtype).eval()
+    return place_head(head, device, dtype)

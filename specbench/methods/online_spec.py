@@ -158,7 +158,10 @@ class OnlineDrafter(SpsDrafter):
             for p in params:
                 p.requires_grad_(True)
             if self.optimizer is None:
-                self.optimizer = torch.optim.AdamW(params, lr=float(self.s.lr), weight_decay=0.0)
+                # float16 rounds AdamW's default eps (1e-8) to 0: a parameter with a zero gradient would get
+                # 0 / 0 = NaN (e.g. the embedding rows of tokens not in the turns); 1e-4 is representable
+                eps = 1e-4 if params[0].dtype == torch.float16 else 1e-8
+                self.optimizer = torch.optim.AdamW(params, lr=float(self.s.lr), weight_decay=0.0, eps=eps)
             model.train()
             order = list(range(len(self.buffer) - 1, -1, -1))
             at = 0

@@ -162,7 +162,8 @@ def calibration_prompts(target: LoadedModel, n: int, source: str = DEFAULT_CALIB
 
     template = "chat_template" if getattr(target.tokenizer, "chat_template", None) else "plain"
     items = load_questions(resolve_path(source))[:n]
-    return [torch.tensor([prompt_ids(template, target.tokenizer, it.turns[:1], [])]) for it in items]
+    return [torch.tensor([prompt_ids(template, target.tokenizer, it.turns[:1], [])], device=target.device)
+            for it in items]
 
 
 def search_skip_set(target: LoadedModel, n_prompts: int, max_new_tokens: int,

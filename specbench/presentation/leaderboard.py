@@ -524,7 +524,7 @@ def console(group: Group) -> str:
 def build(
     results_dir: Path, out_dir: Path, *, upstream_model: str = "upstream", tie_margin: float = 0.05,
     upstream_tokenizer: Any = None, figures: bool = True, recheck: bool = False, recheck_limit: int | None = None,
-    beside: Path | None = None,
+    recheck_device: str = "auto", beside: Path | None = None,
 ) -> tuple[list[Group], list[Path]]:
     """Analyse every group under `results_dir` (with `recheck`, each greedy mismatch judged by the
     float64 target: analysis.recheck), write tables (and figures) to `out_dir`. `beside`: answers of a
@@ -545,7 +545,7 @@ def build(
     if recheck:
         from specbench.analysis.recheck import recheck_groups
 
-        recheck_groups(groups, tie_margin=tie_margin, limit=recheck_limit)
+        recheck_groups(groups, tie_margin=tie_margin, limit=recheck_limit, device=recheck_device)
     written: list[Path] = []
     try:
         for group in groups:

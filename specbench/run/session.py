@@ -188,6 +188,8 @@ class Session:
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
         device = resolve_device(cfg.device)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # CUDA events (the timer, the budget's clock) record on this device's stream
         self.guard = ContentionGuard(cfg.contention_threshold, device)  # from here: "before" the first run
         dtype = resolve_dtype(cfg.model.dtype or cfg.dtype, device)
         self.sampling = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
