@@ -111,14 +111,6 @@ class GrowingLayer(DynamicLayer):
         self._klen = self._vlen = length
 
 
-def crop_cache(cache: DynamicCache, tokens_to_remove: int) -> None:
-    """`cache.crop(tokens_to_remove)` (a negative count) over the layers that hold entries: before
-    transformers 5.18 a layer's crop fails on a layer that was never written."""
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", True):
-            layer.crop(tokens_to_remove)
-
-
 def new_cache(config: object) -> DynamicCache:
     """A DynamicCache for `config` whose full-attention layers are GrowingLayers (sliding-window
     and other special layers stay as transformers builds them)."""

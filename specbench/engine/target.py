@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specbench.engine.layers import HALF_TOLERANCE, PROBE_TOLERANCE, probe_allowance
 from specbench.engine.tree import DraftTree
-from specbench.models import GrowingLayer, crop_cache, new_cache
+from specbench.models import GrowingLayer, new_cache
 
 #: attention implementations that add a custom 4D float mask to the scores as given
 TREE_ATTENTION_IMPLS = ("eager", "sdpa")
@@ -119,7 +119,7 @@ def keep_rows(cache: Any, past: int, total: int, rows: list[int]) -> None:
     m = len(rows)
     if rows[-1] == m - 1:  # rows ascend, so this means rows == 0..m-1
         if total > m:
-            crop_cache(cache, m - total)
+            cache.crop(m - total)
         return
     block = torch.tensor(rows, dtype=torch.long)
     indexes: dict[tuple[torch.device, int], torch.Tensor] = {}  # one copy per device and start
