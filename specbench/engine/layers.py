@@ -11,7 +11,7 @@ head are the model's. A stack that fails the probe on construction is refused wi
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -227,13 +227,10 @@ class LayerSkipper:
         scale = float(want.abs().max()) + 1.0
         error = float(max((first - want[0]).abs().max(), (got - want[1]).abs().max(),
                           (again - want[0]).abs().max())) / scale
-        dtype = next(self.model.parameters()).dtype
-        if error > PROBE_TOLERANCE.get(dtype, HALF_TOLERANCE):
-            floor = self._stepping_floor(ids)
-            if error > probe_allowance(dtype, floor):
-                return (f"its cached layer-skipped steps differ from one forward over the same tokens ({error:.2g}; "
-                        f"every block stepped the same way: {floor:.2g})")
-        return None
+        verdict = probe_verdict(next(self.model.parameters()).dtype, error, lambda: self._stepping_floor(ids),
+                                "every block stepped the same way")
+        return None if verdict is None else \
+            f"its cached layer-skipped steps differ from one forward over the same tokens ({verdict})"
 
     @torch.no_grad()
     def _stepping_floor(self, ids: torch.Tensor) -> float:
@@ -261,6 +258,18 @@ HALF_TOLERANCE = 5e-2
 #: through the model's unmodified path (its own arithmetic on this device); a structural fault (a lagging
 #: cache, siblings that see each other) moves the logits by far more
 FLOOR_FACTOR = 4.0
+
+
+def probe_verdict(dtype: torch.dtype, error: float, floor: Callable[[], float], floor_name: str) -> str | None:
+    """None when a structural probe's relative `error` passes in `dtype`; else the numbers in words.
+    Only in half precision, and only above HALF_TOLERANCE, is `floor()` (the same comparison through
+    the unmodified path, `floor_name`) computed and the error judged against it (`probe_allowance`)."""
+    if error <= PROBE_TOLERANCE.get(dtype, HALF_TOLERANCE):
+        return None
+    if dtype in PROBE_TOLERANCE:
+        return f"{error:.2g}"
+    base = floor()
+    return None if error <= probe_allowance(dtype, base) else f"{error:.2g}; {floor_name}: {base:.2g}"
 
 
 def probe_allowance(dtype: torch.dtype, floor: float) -> float:

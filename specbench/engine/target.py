@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from specbench.engine.layers import HALF_TOLERANCE, PROBE_TOLERANCE, probe_allowance
+from specbench.engine.layers import probe_verdict
 from specbench.engine.tree import DraftTree
 from specbench.models import GrowingLayer, new_cache
 
@@ -169,19 +169,17 @@ def probe_tree_attention(model: torch.nn.Module, dtype: torch.dtype) -> str | No
     want = torch.stack([want_first[0], want_first[1], want_second])
     scale = float(want.abs().max()) + 1.0
     error = float((got - want).abs().max()) / scale
-    if error > PROBE_TOLERANCE.get(dtype, HALF_TOLERANCE):
-        # half precision: compare with a plain chain over the same cached prefix (no tree mask): the
-        # dtype's own cached-against-uncached spread on this model
+    def floor() -> float:  # a plain chain over the same cached prefix (no tree mask): the dtype's own spread
         with torch.no_grad():
             cache = new_cache(model.config)
             model(input_ids=torch.tensor([prefix], device=device), cache=cache, use_cache=True)
             chain = model(input_ids=torch.tensor([[root, first]], device=device), cache=cache,
                           use_cache=True).logits[0].float()
-        floor = float((chain - want_first).abs().max()) / scale
-        if error > probe_allowance(dtype, floor):
-            return (f"its logits under a tree mask differ from chain forwards (relative error {error:.2g}; "
-                    f"a cached chain: {floor:.2g})")
-    return None
+        return float((chain - want_first).abs().max()) / scale
+
+    verdict = probe_verdict(dtype, error, floor, "a cached chain")
+    return None if verdict is None else \
+        f"its logits under a tree mask differ from chain forwards (relative error {verdict})"
 
 
 class TargetScorer:
