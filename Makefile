@@ -13,9 +13,11 @@ STAMP  := $(VENV)/.installed
 # `bench` suite (`specbench methods --names --suite bench`: the built-ins and
 # your methods/ folder), asked when the recipe runs; `make bench METHODS=baseline,sps` picks some.
 METHODS ?=
-# 3 questions per subtask (18, both turns of the two-turn ones): the first run within 20 minutes on 2 cores
-# once the zoo comes from the package index (docs/setup.md, Times); `BENCH_ARGS="task=all limit=10"` for more.
-BENCH_ARGS ?= task=all limit=3
+# 3 questions per subtask (18, both turns of the two-turn ones), each method on its preset draft size
+# (budget=fixed: its #mean accepted tokens are a property of the code and the shipped weights, the same on every
+# machine, as the leaderboard's); `BENCH_ARGS="task=all limit=10"` for more, `... budget=auto` for the draft
+# budgets this machine's measured costs choose (docs/setup.md, Times).
+BENCH_ARGS ?= task=all limit=3 budget=fixed
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
@@ -29,7 +31,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-bench: install  ## the main job: every method on 3 synthetic questions per subtask with the tiny zoo, then the table
+bench: install  ## the main job: every method on 3 synthetic questions per subtask with the shipped zoo, then the table
 	$(PY) -m specbench zoo build
 	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench))" && \
 	$(PY) -m specbench run method=baseline interleave=[$$methods] $(BENCH_ARGS)
@@ -128,12 +130,13 @@ gate-power: install  ## measure the regression gate's detection and false-alarm 
 	$(PY) -m specbench zoo build
 	$(PY) scripts/gate_power.py --repeats $(REPEATS) --out results/reference/gate-power.md
 
-# `make test`: the zoo (and its heads) first, alone (training beside anything else runs 3-8x slower), then
+# `make test`: the zoo (and its heads) first, restored from the shipped weights (alone when it has to train:
+# training beside anything else runs 3-8x slower), then
 # the tests in TEST_WORKERS processes (pytest-xdist; a test file stays in one process; each process runs
 # torch on one thread). TEST_WORKERS=0 runs them in this one process.
 TEST_WORKERS ?= auto
 
-test: install  ## the test suite (builds the zoo once, cached under ~/.cache/specbench/zoo)
+test: install  ## the test suite (restores the zoo once, cached under ~/.cache/specbench/zoo)
 	$(PY) -m specbench zoo build
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
@@ -144,13 +147,14 @@ test-fast: install  ## the fast tier: no zoo, under 2 minutes on 2 cores
 	@zoo=$$(mktemp -d); SPECBENCH_ZOO_DIR=$$zoo SPECBENCH_ZOO_BUILD=0 $(PY) -m pytest -q -n $(TEST_WORKERS) \
 	    --dist loadfile -m fast; status=$$?; rm -rf $$zoo; exit $$status
 
-zoo: install  ## build (or reuse, or fetch from the package index) the embedded model zoo
+zoo: install  ## restore the embedded model zoo from the shipped weights (weights/; or fetch it, or train it)
 	$(PY) -m specbench zoo build
 
-# `make zoo-release` (maintainers): wheels of the built zoo, its heads and Hydra's head in dist/zoo and the
-# manifest specbench/zoo/release.json that makes runs fetch them; upload the wheels (`twine upload dist/zoo/*`),
-# then commit the manifest. docs/setup.md, "The zoo from the package index".
-zoo-release: install  ## wheels of the built zoo for the package index, and the manifest that fetches them
+# `make zoo-release` (maintainers): wheels of the shipped zoo's folders (weights/, restored into the cache) in
+# dist/zoo for installs without a checkout, and the manifest specbench/zoo/release.json that makes runs fetch
+# them; upload the wheels (`twine upload dist/zoo/*`), then commit the manifest. docs/setup.md, "The zoo from
+# the package index".
+zoo-release: install  ## wheels of the shipped zoo for the package index, and the manifest that fetches them
 	$(PY) -m specbench zoo build
 	$(PY) -m specbench zoo release --out dist/zoo
 

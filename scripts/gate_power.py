@@ -1,8 +1,9 @@
 """The regression gate's power, measured: how often `check --quick`'s test catches a slowed method,
 and how often it fails unchanged code.
 
-Each repeat runs two jobs on this machine, one after the other as `check --quick` does (base, then
-change), each with the gate's own run settings (check.yaml's quick.overrides) and the same lanes:
+Each repeat runs the base's and the change's jobs on this machine in the order `check --quick` does
+(check.job_order: the questions in check.yaml's quick.blocks shards, base and change in turn, who goes
+first alternating), each with the gate's own run settings (check.yaml's quick.overrides) and the same lanes:
 the baseline, SpS, and three copies of SpS that sleep `slowdown` x each step's own time
 (tests/methods/slow_sps.py). In the base job every copy sleeps 0; in the change job they sleep
 10%, 15% and 25%. The gate's test (`specbench.check.paired_verdicts`, with the false-alarm rate
@@ -120,7 +121,10 @@ def main() -> int:
         write_methods(work / "change-methods", LEVELS)
         for rep in range(1, opts.repeats + 1):
             base_out, change_out = work / f"base-{rep}", work / f"change-{rep}"
-            took = job(work / "base-methods", base_out, overrides) + job(work / "change-methods", change_out, overrides)
+            took = 0.0
+            for side, block, blocks in check.job_order(int(cfg.quick.blocks)):  # as the gate orders its jobs
+                extra = [f"shard={block}/{blocks}"] if blocks > 1 else []
+                took += job(work / f"{side}-methods", base_out if side == "base" else change_out, [*overrides, *extra])
             seconds.append(took)
             base, change = (strip_labels(check.job_runs(out)) for out in (base_out, change_out))
             rows, _ = check.paired_verdicts(base, change, cfg.quick.gate, names, methods_gated=gated)
@@ -142,10 +146,13 @@ def main() -> int:
                       f"detected {rate(caught[name], n)}"])
     headers = ["Injected slowdown", "Measured in the change job (median)", "Gate's estimate (median)", "Flagged",
                "Rate [95% exact interval]"]
+    blocks = int(cfg.quick.blocks)
+    jobs = "two jobs (base, then change)" if blocks < 2 else (
+        f"{2 * blocks} jobs (the questions in {blocks} shards, base and change in turn, who goes first alternating)")
     text = "\n".join([
         "# The regression gate's power (scripts/gate_power.py)",
         "",
-        f"{n} gate runs per level on this machine, each two jobs (base, then change) with the gate's run settings "
+        f"{n} gate runs per level on this machine, each {jobs} with the gate's run settings "
         f"({' '.join(overrides)}); the test as `check --quick` applies it: one-sided sign-flip test on the "
         f"trimmed mean of the per-(question, turn) log ratio shift, alpha {cfg.quick.gate.alpha:g} divided among "
         f"{gated} gated methods, and a slowdown of at least {cfg.quick.gate.min_slowdown:.0%}.",
@@ -153,7 +160,7 @@ def main() -> int:
         markdown(headers, table),
         "",
         f"Per-unit spread of the paired log ratio between two jobs, sd(d): median {statistics.median(spreads):.3f}. "
-        f"Both jobs of one gate run took {statistics.median(seconds) / 60:.1f} min (median), with 5 lanes each; "
+        f"The jobs of one gate run took {statistics.median(seconds) / 60:.1f} min together (median), 5 lanes each; "
         "the CI gate's jobs have the quick suite's lanes.",
     ])
     print("\n" + text)

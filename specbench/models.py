@@ -163,6 +163,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 #: entry-point group, found the first time an unknown prefix is asked for.
 RESOLVERS: dict[str, Callable[[str], os.PathLike | str]] = {}
 RESOLVER_GROUP = "specbench.resolvers"
+#: every `prefix:NAME` this process resolved, with its folder: a run records where those weights came from
+RESOLVED: dict[str, str] = {}
 
 
 def register_resolver(prefix: str, resolve: Callable[[str], os.PathLike | str]) -> None:
@@ -186,7 +188,8 @@ def resolve_path(spec: str) -> str:
     if sep and prefix.isidentifier() and not os.path.exists(spec):
         resolve = find_resolver(prefix)
         if resolve is not None:
-            return str(resolve(name))
+            RESOLVED[spec] = str(resolve(name))
+            return RESOLVED[spec]
         known = sorted({*RESOLVERS, *(e.name for e in entry_points(group=RESOLVER_GROUP))})
         raise SpecbenchError(f"'{spec}' names a '{prefix}:' model, but no resolver is registered for '{prefix}:' "
                              f"(known: {', '.join(known) or 'none'}); import the package that provides it, or "

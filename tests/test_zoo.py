@@ -229,3 +229,17 @@ def test_cli(tiny_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "not built" in capsys.readouterr().err
     assert zoo_main(["build", "no.such.key=1"]) == 2
     assert "unknown zoo setting 'no.such.key'" in capsys.readouterr().err
+
+
+def test_a_forced_build_trains_here_and_says_its_weights_are_local(tiny_root: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`zoo build --force` trains (never restores or fetches) and marks the zoo local, with its own fingerprint."""
+    from specbench.core.origin import read_origin
+
+    assert zoo_main(["build", "--force", *TINY]) == 0
+    folder = tiny_root / zoo_hash(load_zoo_config(TINY))
+    origin = read_origin(folder)
+    assert origin["source"] == "local" and origin["fingerprint"].startswith("local-")
+    out, err = capsys.readouterr()
+    assert "this zoo was trained here: its weights are local" in err
+    assert f"trained here: local weights, fingerprint {origin['fingerprint']}" in out

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.origin import ORIGIN_FILE, read_origin
 from specbench.zoo import release, store
 from specbench.zoo.parts import _built
+from specbench.zoo.shipped import WEIGHTS_VAR
 
 pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
@@ -33,7 +35,15 @@ def fake_folder(root: Path, name: str) -> Path:
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """The folder's files, but the origin that restoring, fetching or training writes (specbench.core.origin)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ORIGIN_FILE}
+
+
+@pytest.fixture(autouse=True)
+def no_shipped_weights(tmp_path, monkeypatch):
+    """The checkout's shipped weights out of the way: these folders come from the index or from training."""
+    monkeypatch.setenv(WEIGHTS_VAR, str(tmp_path / "no-shipped-weights"))
 
 
 @pytest.fixture
@@ -65,6 +75,7 @@ def test_a_published_folder_is_fetched_not_trained_and_ships_no_pickle(index, ca
     root, expected, _ = index
     final = _built(root / "abc123def456.heads-0a1b2c3d", "CARD", "the heads", must_not_train)
     assert files_of(final) == expected  # byte for byte, pytorch_model.bin left out
+    assert read_origin(final)["source"] == "published"
     err = capsys.readouterr().err
     assert "fetching abc123def456.heads-0a1b2c3d (specbench-zoo-heads 1.0.0" in err and "fetched" in err
     assert _built(final, "CARD", "the heads", must_not_train) == final  # cached now: no second download

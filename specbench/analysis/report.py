@@ -139,6 +139,8 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
                               "model, dataset and output_dir")
     if note := contention_note(group):
         group.notes.append(f"{group.title}: {note}")
+    if note := weights_note(group):
+        group.notes.append(f"{group.title}: {note}")
     return group
 
 
@@ -193,6 +195,29 @@ def contention_note(group: Group) -> str | None:
     limit = f", threshold {threshold:g}" if threshold is not None else ""
     return (f"measured under contention ({load}{limit}): {runs}{base}; "
             "run them again on a quiet machine (overwrite=true) for clean timings")
+
+
+def weights_note(group: Group) -> str | None:
+    """Whose weights the runs used, when it matters: trained on this machine (local), or more than one
+    set of weights in one table; None when every run used the same shipped or published weights (or
+    the runs do not say: real models, older files)."""
+    seen: dict[str, list[str]] = {}
+    sources: dict[str, str] = {}
+    for name, runs in sorted(group.methods.items()):
+        for run in runs:
+            for meta in run.part_metas or [run.meta or {}]:
+                origin = (meta or {}).get("weights_origin")
+                if isinstance(origin, dict) and origin.get("fingerprint"):
+                    seen.setdefault(str(origin["fingerprint"]), []).append(name)
+                    sources[str(origin["fingerprint"])] = str(origin.get("source"))
+    if len(seen) > 1:
+        return ("runs of different weights in one table: " + "; ".join(
+            f"{sources[fp]} {fp} ({', '.join(sorted(set(names)))})" for fp, names in sorted(seen.items()))
+            + "; their acceptance is not comparable: run them again on one set of weights")
+    if seen and (fp := next(iter(seen))) and sources[fp] != "shipped" and sources[fp] != "published":
+        return (f"weights trained on this machine ({sources[fp]}, fingerprint {fp}), not the shipped reference "
+                "weights: acceptance is not comparable with the committed tables")
+    return None
 
 
 def schedule_note(group: Group) -> str | None:

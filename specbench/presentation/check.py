@@ -69,9 +69,11 @@ def snapshot(group: report.Group, limit: int | None) -> dict[str, Any]:
         }
     weights = next((run.meta.get("target_weights") for runs in group.methods.values() for run in runs
                     if run.meta and run.meta.get("target_weights")), None)
+    zoo = next((fp for runs in group.methods.values() for run in runs if (fp := weights_of(run)[1])), None)
     return {"dataset": group.dataset, "model": group.model, "temperature": group.temperature, "batch": group.batch,
             "limit": limit,
-            "environment": group.environment(), "target_weights": weights, "methods": methods}
+            "environment": group.environment(), "target_weights": weights, "weights_fingerprint": zoo,
+            "methods": methods}
 
 
 def reference_path(ref_dir: Path, group: report.Group, quick: bool) -> Path:
@@ -83,13 +85,14 @@ def reference_path(ref_dir: Path, group: report.Group, quick: bool) -> Path:
 def compare(ref: dict[str, Any], now: dict[str, Any], tol: DictConfig) -> tuple[list[list[str]], bool]:
     """Rows of (method, subtask, metric, reference, now, delta, verdict) and whether any regressed."""
     rows, regressed = [], False
-    same_weights = not (ref.get("target_weights") and now.get("target_weights")
-                        and ref["target_weights"] != now["target_weights"])
+    same_weights = not any(ref.get(key) and now.get(key) and ref[key] != now[key]
+                           for key in ("target_weights", "weights_fingerprint"))
     if not same_weights:
         # Another build of the model (e.g. the zoo trained on another CPU: bf16 units change its
         # weights): greedy acceptance is a property of the weights, so it is not compared at all.
-        print(f"note: the reference was made with other weights of this model ({ref['target_weights']} vs "
-              f"{now['target_weights']}); #mean accepted tokens is not compared; `check --quick` compares two "
+        print(f"note: the reference was made with other weights of this model ({ref.get('target_weights')}, "
+              f"{ref.get('weights_fingerprint')} vs {now.get('target_weights')}, {now.get('weights_fingerprint')}); "
+              "#mean accepted tokens is not compared; `check --quick` compares two "
               "commits on this machine instead, or `check --update` here makes a reference for these weights")
     for method, subtasks in sorted(ref["methods"].items()):
         for subtask, old in sorted(subtasks.items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 99):
@@ -141,12 +144,16 @@ def run_job(command: list[str], cwd: Path, what: str) -> float:
     return time.perf_counter() - started
 
 
-def run_quick(cfg: DictConfig, out_dir: Path, cwd: Path | None = None, methods: list[str] | None = None,
-              what: str = "quick suite") -> float:
-    """Run the quick suite (or `methods` of it) on the embedded default into `out_dir`, as one
-    interleaved job with the code of the tree `cwd`; its seconds."""
-    return run_job(job_command(methods or quick_methods(cfg), out_dir, list(cfg.quick.overrides)),
-                   cwd or Path.cwd(), what)
+def job_order(blocks: int) -> list[tuple[str, int, int]]:
+    """(side, block, blocks) in the order the jobs run: the questions split into `blocks` shards, each
+    answered by the base and the change in turn, who goes first alternating from one block to the next
+    (base, change, change, base, ...), so a drift of the machine's speed over the gate does not fall on
+    one commit."""
+    order = []
+    for block in range(1, max(blocks, 1) + 1):
+        pair = ["base", "change"] if block % 2 else ["change", "base"]
+        order += [(side, block, max(blocks, 1)) for side in pair]
+    return order
 
 
 def git(args: list[str], cwd: Path) -> str:
@@ -206,6 +213,13 @@ def mean_accepted(run: Run) -> float:
     return sum(steps) / len(steps) if steps else math.nan
 
 
+def weights_of(run: Run) -> tuple[Any, Any]:
+    """What a run's acceptance depends on: the target's fingerprint and that of every shipped or trained
+    part it used (meta `weights_origin`)."""
+    meta = run.meta or {}
+    return meta.get("target_weights"), (meta.get("weights_origin") or {}).get("fingerprint")
+
+
 def paired_verdicts(base: dict[str, Run], change: dict[str, Run], gate: DictConfig,
                     names: dict[str, str] | None = None, methods_gated: int | None = None,
                     ) -> tuple[list[list[str]], bool]:
@@ -226,7 +240,7 @@ def paired_verdicts(base: dict[str, Run], change: dict[str, Run], gate: DictConf
         old_run, new_run = base[names[method]], change[method]
         shift = paired.paired_shift(paired.log_ratios(old_run, base[BASELINE]),
                                     paired.log_ratios(new_run, change[BASELINE]))
-        same = (old_run.meta or {}).get("target_weights") == (new_run.meta or {}).get("target_weights")
+        same = weights_of(old_run) == weights_of(new_run)
         old_acc, new_acc = mean_accepted(old_run), mean_accepted(new_run)
         acc_bad = same and new_acc < old_acc - 1e-9
         acc = f"{old_acc:.3f} -> {new_acc:.3f}" + ("" if same else " (other weights)")
@@ -265,11 +279,16 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
                 check=False).stdout.strip().split(","))
             shared = [m for m in methods if m in base_methods] or methods
-            seconds = run_quick(cfg, work / "base", tree, shared, f"base {commit[:12]}")
+            sides = {"base": (tree, shared, f"base {commit[:12]}"),
+                     "change": (root, methods, f"change {head[:12]}{' + uncommitted changes' if dirty else ''}")}
+            seconds = 0.0
+            for side, block, blocks in job_order(int(cfg.quick.blocks)):
+                cwd, names, what = sides[side]
+                extra = [f"shard={block}/{blocks}"] if blocks > 1 else []
+                label = f"{what}, questions {block} of {blocks}" if blocks > 1 else what
+                seconds += run_job(job_command(names, work / side, [*cfg.quick.overrides, *extra]), cwd, label)
         finally:
             git(["worktree", "remove", "--force", str(tree)], root)
-        seconds += run_quick(cfg, work / "change", root, methods,
-                             f"change {head[:12]}{' + uncommitted changes' if dirty else ''}")
         base, change = job_runs(work / "base"), job_runs(work / "change")
         status = 0
         for group in [report.analyse(g) for g in group_runs(load_runs(work / "change"))]:

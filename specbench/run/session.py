@@ -39,6 +39,7 @@ from specbench.core.answers import (
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import write_atomic
+from specbench.core.origin import summary as origin_summary
 from specbench.core.prompts import prompt_ids
 from specbench.core.resources import CONFIG_DIR
 from specbench.core.sampling import SamplingParams
@@ -49,7 +50,7 @@ from specbench.engine.batch import batch_problem
 from specbench.engine.budget import BUDGET_MODES
 from specbench.engine.precision import measure_spread
 from specbench.engine.target import model_context
-from specbench.models import load_model, resolve_device, resolve_dtype
+from specbench.models import RESOLVED, load_model, resolve_device, resolve_dtype
 from specbench.run.config import BOTH, SEQUENTIAL, check_values, compose_method, in_run, selected_subtasks
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
@@ -299,6 +300,8 @@ class Session:
             "environment": environment(self.target),
             "target_parameters": sum(p.numel() for p in self.target.model.parameters()),
             "target_weights": weights_fingerprint(self.target.path),
+            # shipped, published or trained here (the zoo's folders): their fingerprint (specbench.core.origin)
+            "weights_origin": origin_summary(RESOLVED),
             "extra_parameters": method.extra_parameters(),
             "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
             "started": time.time(),

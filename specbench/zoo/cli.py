@@ -1,4 +1,4 @@
-"""`python -m specbench zoo build|path|card`."""
+"""`python -m specbench zoo build|path|card|show|ship|release`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,16 @@ def _parser() -> ArgumentParser:
     card.add_argument("--json", action="store_true", help="print quality.json as is")
     card.add_argument("--speed", action="store_true",
                       help="also time decoding now, on this machine (the card's numbers are from the build)")
+    show = sub.add_parser("show", help="where the zoo's folders come from (shipped, published or trained here) and "
+                          "the fingerprint of its weights")
+    show.add_argument("--verify", action="store_true", help="check every shipped file against its checksum too")
+    ship = sub.add_parser("ship", help="(maintainers) write the built zoo's folders into the shipped weights "
+                          "(weights/, their manifest and checksums): a new release of the reference weights")
+    ship.add_argument("--out", default=None, help="the weights folder (default: the checkout's weights/)")
+    ship.add_argument("--storage", nargs="*", default=[], metavar="PART=DTYPE",
+                      help="how a part is stored: bfloat16 (default) or float32, e.g. target=float32 medusa=float32")
+    ship.add_argument("--release", default=time.strftime("%Y.%-m.%-d"), help="the release's name (default: today)")
+    ship.add_argument("--measured", default=None, help="a JSON file of the storage measurement to keep in the manifest")
     for p in (build, path, card):
         p.add_argument("overrides", nargs="*", metavar="key=value", help="configs/zoo.yaml overrides")
     release = sub.add_parser("release", help="wheels of the built zoo's folders for a package index, and the "
@@ -43,22 +53,104 @@ def _release(opts: argparse.Namespace) -> int:
     """Wheels of the default zoo, its heads and the built-in methods' trained heads; all must be built."""
     from pathlib import Path
 
-    from specbench.run.registry import BUILTIN, discover
     from specbench.zoo import release
-    from specbench.zoo.parts import heads_dir, trained_part_dir
 
-    zoo = store.zoo_root() / store.zoo_hash(store.load_zoo_config())
-    if not store.is_complete(zoo):
-        raise SpecbenchError(f"the zoo {zoo} is not built; run `python -m specbench zoo build` first")
-    registry = discover()
-    trained = [name for name in registry.trained() if registry.specs[name].source == BUILTIN]
-    folders = [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name, registry) for name in trained]
+    folders = _folders()
     wheels = release.release(folders, opts.version, Path(opts.out), Path(opts.manifest) if opts.manifest else None)
     for wheel, made in wheels:
         where = f"{opts.out}/{wheel.wheel}" if made else f"{wheel.wheel} (published before, kept)"
         print(f"{wheel.folder}: {where}  {wheel.bytes / 1e6:.1f} MB  sha256 {wheel.sha256}")
     print(f"manifest: {opts.manifest or release.manifest_path()} (commit it once the new wheels are on the index: "
           f"`twine upload {opts.out}/*`)")
+    return 0
+
+
+def _folders(registry=None) -> list:
+    """The default zoo's cache folders: the zoo, its heads and the built-in methods' trained heads."""
+    from specbench.run.registry import BUILTIN, discover
+    from specbench.zoo.parts import heads_dir, trained_part_dir
+
+    zoo = store.zoo_root() / store.zoo_hash(store.load_zoo_config())
+    if not store.is_complete(zoo):
+        raise SpecbenchError(f"the zoo {zoo} is not built; run `python -m specbench zoo build` first")
+    registry = registry or discover()
+    trained = [name for name in registry.trained() if registry.specs[name].source == BUILTIN]
+    return [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name, registry) for name in trained]
+
+
+def _origin_text(folder) -> str:
+    from specbench.zoo import shipped
+
+    origin = shipped.read_origin(folder) or {}
+    if origin.get("source") in ("shipped", "published"):
+        return f"{origin['source']} weights, release {origin.get('release')}, fingerprint {origin.get('fingerprint')}"
+    if origin.get("source") == "local":
+        return f"trained here: local weights, fingerprint {origin.get('fingerprint')}"
+    return "origin not recorded"
+
+
+def _show(opts: argparse.Namespace) -> int:
+    from specbench.zoo import shipped
+
+    root = shipped.weights_root()
+    manifest = shipped.read_manifest(root)
+    if manifest is None:
+        print(f"shipped weights: none ({root or 'not a checkout'}); the zoo comes from the package index or is "
+              "trained here")
+    else:
+        stored = sorted({how for entry in manifest["folders"].values() for how in entry["storage"].values()})
+        print(f"shipped weights: {root}  release {manifest.get('release')}  fingerprint {manifest['fingerprint']}  "
+              f"{manifest['bytes'] / 1e6:.1f} MB in {len(manifest['files'])} files ({', '.join(stored)})")
+        if opts.verify:
+            for name in manifest["files"]:
+                shipped.verified(root, name, manifest)
+            print(f"checksums: all {len(manifest['files'])} files match {shipped.MANIFEST}")
+    zoo = store.zoo_root() / store.zoo_hash(store.load_zoo_config())
+    try:
+        folders = _folders() if store.is_complete(zoo) else [zoo]
+    except SpecbenchError:
+        folders = [zoo]
+    sources = set()
+    for folder in folders:
+        origin = shipped.read_origin(folder) if folder.is_dir() else None
+        if origin is None:
+            where = "shipped, not restored yet" if manifest and folder.name in manifest["folders"] else "not built"
+            if folder.is_dir():
+                where = "built before origins were recorded (unknown)"
+        else:
+            where = f"{origin['source']}, fingerprint {origin.get('fingerprint')}"
+            sources.add((origin["source"], origin.get("fingerprint")))
+        print(f"  {folder.name}: {where}")
+    if len(sources) == 1:
+        source, fingerprint = sources.pop()
+        print(f"zoo fingerprint: {fingerprint} ({source})")
+    elif sources:
+        print("zoo fingerprint: mixed (" + ", ".join(f"{s} {f}" for s, f in sorted(sources)) + ")")
+    return 0
+
+
+def _ship(opts: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specbench.zoo import shipped
+
+    storage = {}
+    for item in opts.storage:
+        part, sep, dtype = item.partition("=")
+        if not sep or dtype not in shipped.STORAGE:
+            raise SpecbenchError(f"--storage takes PART=DTYPE with DTYPE one of {', '.join(shipped.STORAGE)}; got "
+                                 f"{item!r}")
+        storage[part] = dtype
+    out = Path(opts.out) if opts.out else shipped.weights_root()
+    if out is None:
+        raise SpecbenchError("no weights folder: run from a specbench checkout, or pass --out DIR")
+    measured = json.loads(Path(opts.measured).read_text()) if opts.measured else None
+    manifest = shipped.ship(_folders(), out, storage, opts.release, measured)
+    for folder, entry in manifest["folders"].items():
+        parts = ", ".join(f"{part} {how}" for part, how in sorted(entry["storage"].items()))
+        print(f"{folder}: {parts}")
+    print(f"wrote {out}: release {manifest['release']}, fingerprint {manifest['fingerprint']}, "
+          f"{manifest['bytes'] / 1e6:.1f} MB in {len(manifest['files'])} files")
     return 0
 
 
@@ -99,6 +191,10 @@ def zoo_main(argv: list[str]) -> int:
     try:
         if opts.action == "release":
             return _release(opts)
+        if opts.action == "show":
+            return _show(opts)
+        if opts.action == "ship":
+            return _ship(opts)
         cfg = store.load_zoo_config(opts.overrides)
         folder = store.zoo_root() / store.zoo_hash(cfg)
         if opts.action == "path":
@@ -117,19 +213,19 @@ def zoo_main(argv: list[str]) -> int:
         folder = store.ensure_zoo(cfg, force=opts.force)
         if cached:  # a fresh build has already printed its card
             print(_card_text(folder))
-        print(f"zoo: {folder}")
+        print(f"zoo: {folder} ({_origin_text(folder)})")
         if not opts.overrides:  # the parts hang off the default zoo: heads and the REST datastore
             from specbench.heads.recipe import PART_CARD
             from specbench.run.registry import discover
             from specbench.zoo.parts import HEADS_CARD, ensure_heads, resolve, trained_part
 
             heads = ensure_heads()
-            print(f"zoo heads: {heads} ({_heads_line(heads / HEADS_CARD)})")
+            print(f"zoo heads: {heads} ({_heads_line(heads / HEADS_CARD)}; {_origin_text(heads)})")
             for method in discover().trained():  # the methods that train their own head (Hydra, methods/ folder's)
                 part = trained_part(method)
                 card = json.loads((part / PART_CARD).read_text())
                 print(f"zoo {method} head: {part} ({card.get('params', 0) / 1e6:.2f}M params, trained in "
-                      f"{card['build_seconds']:.0f}s)")
+                      f"{card['build_seconds']:.0f}s; {_origin_text(part)})")
             print(f"zoo datastore: {resolve('datastore')}")
         return 0
     except SpecbenchError as exc:

@@ -53,20 +53,27 @@ def ensure_heads() -> Path:
 
 
 def _built(final: Path, card: str, what: str, build: Callable[[Path], None]) -> Path:
-    """`final`, fetched when the zoo's release names it (specbench.zoo.release), else built once by
-    `build(tmp)` (core.files.build_once: a second process waits, then reuses it)."""
-    from specbench.zoo import release
+    """`final`, restored from the shipped weights (specbench.zoo.shipped) or fetched when the zoo's release
+    names it (specbench.zoo.release), else built once by `build(tmp)` and marked local (core.files.build_once:
+    a second process waits, then reuses it)."""
+    from specbench.zoo import release, shipped
 
-    if (final / card).is_file():
+    stale = (final / card).is_file() and shipped.stale(final)
+    if (final / card).is_file() and not stale:
         return final
     check_may_build(final)
 
     def fetch_or_build(tmp: Path) -> None:
-        if not release.fetch(final, tmp):
-            print(f"specbench: training {what} into {final} (done once, then cached)", file=sys.stderr, flush=True)
-            build(tmp)
+        if shipped.fill(final, tmp):
+            return
+        if release.fetch(final, tmp):
+            return
+        print(f"specbench: training {what} into {final} (done once, then cached; local weights, not the shipped "
+              "ones)", file=sys.stderr, flush=True)
+        build(tmp)
+        shipped.write_origin(tmp, shipped.local_origin(tmp))
 
-    return build_once(final, card, fetch_or_build)
+    return build_once(final, card, fetch_or_build, rebuild=stale)
 
 
 def trained_part(name: str) -> Path | None:

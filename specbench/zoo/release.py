@@ -19,7 +19,6 @@ refused when unpacking. pip's own settings pick the index (PyPI by default; `PIP
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,8 @@ from pathlib import Path, PurePosixPath
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import write_atomic
+from specbench.core.origin import ORIGIN_FILE, read_origin
+from specbench.core.questions import sha256_of
 
 MANIFEST = Path(__file__).with_name("release.json")
 #: another manifest than the package's (a maintainer trying a release before publishing it)
@@ -55,6 +56,7 @@ class Wheel:
     wheel: str
     sha256: str
     bytes: int
+    fingerprint: str | None = None  # the shipped release's, when the folder was restored from it
 
     @property
     def package(self) -> str:
@@ -77,14 +79,6 @@ def published(folder: str) -> Wheel | None:
                              f"unset {MANIFEST_VAR}") from exc
     entry = entries.get(folder)
     return Wheel(folder=folder, **entry) if entry else None
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _say(text: str) -> None:
@@ -136,6 +130,10 @@ def fetch(final: Path, tmp: Path) -> bool:
             for child in tmp.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
             return False
+    from specbench.zoo import shipped
+
+    shipped.write_origin(tmp, {"source": "published", "release": wheel.version,
+                               "fingerprint": wheel.fingerprint or f"published-{wheel.sha256[:12]}"})
     _say(f"fetched {final.name} in {time.perf_counter() - start:.0f}s")
     return True
 
@@ -201,12 +199,14 @@ def make_wheel(folder: Path, version: str, out: Path) -> Wheel:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="specbench-zoo-wheel-") as scratch:
         project = Path(scratch)
-        shutil.copytree(folder, project / package / folder.name, ignore=shutil.ignore_patterns(*PICKLED, "*.lock"))
+        shutil.copytree(folder, project / package / folder.name,
+                        ignore=shutil.ignore_patterns(*PICKLED, "*.lock", ORIGIN_FILE))
         (project / package / "__init__.py").write_text(f'"""specbench zoo folder {folder.name} (data only)."""\n')
         (project / "pyproject.toml").write_text(PYPROJECT.format(dist=dist, version=version, folder=folder.name,
                                                                  package=package))
-        # Fixed timestamps inside the zip: the same folder and version give the same wheel, byte for byte.
-        env = {**os.environ, "SOURCE_DATE_EPOCH": str(int(os.stat(folder).st_mtime))}
+        # Fixed timestamps inside the zip: the same folder and version give the same wheel, byte for byte
+        # (a folder restored from the shipped weights: their release's time, the same on every machine).
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(_epoch(folder))}
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                                "--disable-pip-version-check", "--wheel-dir", str(out), str(project)],
                               capture_output=True, text=True, env=env)
@@ -216,8 +216,19 @@ def make_wheel(folder: Path, version: str, out: Path) -> Wheel:
     path = out / name
     if not path.is_file():
         raise SpecbenchError(f"pip built no {name} in {out}")
+    origin = read_origin(folder) or {}
     return Wheel(folder=folder.name, dist=dist, version=version, wheel=name, sha256=sha256_of(path),
-                 bytes=path.stat().st_size)
+                 bytes=path.stat().st_size,
+                 fingerprint=origin.get("fingerprint") if origin.get("source") == "shipped" else None)
+
+
+def _epoch(folder: Path) -> int:
+    from specbench.zoo import shipped
+
+    manifest = shipped.read_manifest()
+    if manifest is not None and folder.name in manifest["folders"] and manifest.get("created"):
+        return int(manifest["created"])
+    return int(os.stat(folder).st_mtime)
 
 
 def write_manifest(wheels: list[Wheel], path: Path | None = None) -> Path:

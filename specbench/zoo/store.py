@@ -89,10 +89,12 @@ def check_may_build(what: Path) -> None:
 
 def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
     """The folder of the zoo for `cfg` (default: configs/zoo.yaml), built first if needed."""
+    from specbench.zoo import shipped
+
     cfg = load_zoo_config() if cfg is None else cfg
     root, digest = zoo_root(), zoo_hash(cfg)
     final = root / digest
-    if not force and is_complete(final):
+    if not force and is_complete(final) and not shipped.stale(final):
         return final
     check_may_build(final)
     try:
@@ -104,7 +106,7 @@ def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
     with exclusive(root / f"{digest}.lock", waiting=busy) as waited:
         # Whoever held the lock may have just finished this very zoo: reuse it (even when
         # forced, since it is brand new).
-        if is_complete(final) and (not force or waited):
+        if is_complete(final) and (not force or waited) and not shipped.stale(final):
             return final
         _clear_leftovers(root, digest)
         _build_into(cfg, root, digest, fetch=not force)
@@ -112,13 +114,19 @@ def ensure_zoo(cfg: DictConfig | None = None, *, force: bool = False) -> Path:
 
 
 def _build_into(cfg: DictConfig, root: Path, digest: str, fetch: bool = True) -> None:
-    """The zoo into `root/digest`: its published copy when the release names it (specbench.zoo.release)
-    and `fetch`, else trained here (`zoo build --force` trains)."""
-    from specbench.zoo import release
+    """The zoo into `root/digest`, when `fetch`: restored from the shipped weights (specbench.zoo.shipped),
+    else its published copy when the release names it (specbench.zoo.release); else trained here
+    (`zoo build --force` trains) and marked local."""
+    from specbench.zoo import release, shipped
     from specbench.zoo.build import QUALITY_CARD, build
     from specbench.zoo.card import format_card
 
     def fill(tmp: Path) -> None:
+        if fetch and shipped.fill(root / digest, tmp):
+            origin = shipped.read_origin(tmp) or {}
+            print(f"specbench: the zoo {digest} restored from the shipped weights (release {origin.get('release')}, "
+                  f"fingerprint {origin.get('fingerprint')}; checksums verified)", file=sys.stderr, flush=True)
+            return
         if fetch and release.fetch(root / digest, tmp):  # the published folder carries its card and COMPLETE marker
             marker = json.loads((tmp / COMPLETE).read_text())
             if marker.get("zoo_hash") != digest:
@@ -130,6 +138,10 @@ def _build_into(cfg: DictConfig, root: Path, digest: str, fetch: bool = True) ->
               f"`python -m specbench zoo build` builds it ahead of time)", file=sys.stderr, flush=True)
         card = build(cfg, tmp, digest, ZOO_CODE_VERSION)
         print(format_card(card), file=sys.stderr, flush=True)
+        origin = shipped.local_origin(tmp)
+        shipped.write_origin(tmp, origin)
+        print(f"specbench: this zoo was trained here: its weights are local ({origin['fingerprint']}), not the "
+              "shipped reference weights; runs and reports on it say so", file=sys.stderr, flush=True)
         marker = json.dumps({"zoo_hash": digest, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         with open(tmp / COMPLETE, "w") as fh:  # written last: its presence means everything else is there
             fh.write(marker + "\n")

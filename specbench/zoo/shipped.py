@@ -1,0 +1,311 @@
+"""The zoo's reference weights, shipped in the repository: every machine benchmarks the same models.
+
+`weights/` (a checkout's top-level folder; SPECBENCH_WEIGHTS_DIR names another) holds the folders a
+zoo build leaves in the cache (the zoo itself `<hash>`, its heads `<hash>.heads-<key>`, each trained
+part `<hash>.NAME-<key>`), as they would be built here, under `weights/zoo/`, and one manifest,
+`weights/MANIFEST.json`: each file's SHA-256 and size, the release's fingerprint, and how each part is
+stored. Safetensors files are stored smaller than they are used:
+- a tensor equal to one of the zoo target's (a head's frozen vocabulary projection, a copied
+  embedding) is stored once, in the target, and named in the file's metadata;
+- a part whose held-out agreement in bfloat16 stays within 1% of float32's is stored in bfloat16
+  (the manifest's `storage`; the measurement in its `measured`).
+A run that needs one of these folders and finds none in the cache restores it (`fill`): every
+file's checksum verified first (a differing file is a one-line error that names it), the shared
+tensors put back, float32 restored, the origin (`origin.json`: shipped, its release and
+fingerprint) written. The restored folder is the same on every machine, byte for byte.
+
+The order a folder comes from (specbench.zoo.store, specbench.zoo.parts): the cache, then these
+weights, then a published wheel (specbench.zoo.release: installs without a checkout), then training
+here (marked local, with its own fingerprint, in the folder and in every run's meta.json).
+`python -m specbench zoo ship` writes a new release from the built cache folders (maintainers:
+only when a part's recipe changes, with the leaderboard regenerated in the same change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from specbench.core.errors import SpecbenchError
+from specbench.core.files import write_atomic
+from specbench.core.origin import ORIGIN_FILE, read_origin
+from specbench.core.questions import sha256_of
+from specbench.core.resources import source_checkout
+
+#: another folder of shipped weights than the checkout's `weights/`
+WEIGHTS_VAR = "SPECBENCH_WEIGHTS_DIR"
+MANIFEST = "MANIFEST.json"
+#: where the zoo's folders lie inside the weights folder
+ZOO_DIR = "zoo"
+#: in every folder of the cache that specbench restored, fetched or trained: where it came from
+ORIGIN = ORIGIN_FILE
+#: the key of a stored safetensors file's metadata that says how to restore it
+META_KEY = "specbench"
+#: pickle formats: never shipped (the loaders read safetensors first)
+PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle")
+SKIPPED = (".lock", ORIGIN)
+STORAGE = ("bfloat16", "float32")
+
+
+def weights_root() -> Path | None:
+    """$SPECBENCH_WEIGHTS_DIR if set, else the checkout's `weights/`; None when neither exists (a wheel install)."""
+    given = os.environ.get(WEIGHTS_VAR)
+    if given:
+        return Path(given).expanduser()
+    checkout = source_checkout()
+    return checkout / "weights" if checkout is not None else None
+
+
+def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
+    """The shipped weights' manifest, or None when there are none."""
+    root = root if root is not None else weights_root()
+    if root is None or not (root / MANIFEST).is_file():
+        return None
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecbenchError(f"the shipped weights' manifest {path} is unreadable ({exc}); restore it with "
+                             f"`git checkout -- {path}`") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("folders"), dict) \
+            or not isinstance(manifest.get("files"), dict):
+        raise SpecbenchError(f"{path} lacks its 'folders' or 'files' table; restore it with `git checkout -- {path}`")
+    return manifest
+
+
+def folder_fingerprint(manifest: dict[str, Any], folder: str) -> str:
+    """12 hex digits over the checksums of one shipped folder's files."""
+    prefix = f"{ZOO_DIR}/{folder}/"
+    rows = sorted((name, entry["sha256"]) for name, entry in manifest["files"].items() if name.startswith(prefix))
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
+
+
+def release_fingerprint(files: dict[str, dict[str, Any]]) -> str:
+    """12 hex digits over every shipped file's name and checksum: the release's fingerprint."""
+    rows = sorted((name, entry["sha256"]) for name, entry in files.items())
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
+
+
+def shipped(folder: str) -> bool:
+    """Whether the shipped weights hold the cache folder named `folder`."""
+    manifest = read_manifest()
+    return manifest is not None and folder in manifest["folders"]
+
+
+def verified(root: Path, name: str, manifest: dict[str, Any]) -> Path:
+    """The shipped file `name` (relative to `root`), its checksum checked against the manifest (once a process)."""
+    return _verified(str(root), name, json.dumps(manifest["files"].get(name), sort_keys=True))
+
+
+@cache
+def _verified(root: str, name: str, entry_json: str) -> Path:
+    path = Path(root) / name
+    entry = json.loads(entry_json)
+    restore = f"restore it with `git checkout -- {path}`, or set {WEIGHTS_VAR} to an intact copy"
+    if entry is None:
+        raise SpecbenchError(f"{path} is not in {Path(root) / MANIFEST}; {restore}")
+    if not path.is_file():
+        raise SpecbenchError(f"shipped weights file {path} is missing; {restore}")
+    actual = sha256_of(path)
+    if actual != entry["sha256"]:
+        raise SpecbenchError(f"shipped weights file {path} differs from its checksum in {MANIFEST} (sha256 "
+                             f"{actual[:12]}..., expected {entry['sha256'][:12]}...); {restore}")
+    return path
+
+
+def fill(final: Path, tmp: Path) -> bool:
+    """Fill the empty folder `tmp` with the shipped copy of the cache folder `final`: True when it did,
+    False when no shipped weights hold it."""
+    root = weights_root()
+    manifest = read_manifest(root)
+    if manifest is None or final.name not in manifest["folders"]:
+        return False
+    assert root is not None
+    prefix = f"{ZOO_DIR}/{final.name}/"
+    names = sorted(name for name in manifest["files"] if name.startswith(prefix))
+    for name in names:  # every checksum first: a bad file leaves nothing half restored
+        verified(root, name, manifest)
+    for name in names:
+        source, target = root / name, tmp / name.removeprefix(prefix)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".safetensors"):
+            restore_tensors(source, target, root, manifest)
+        else:
+            shutil.copyfile(source, target)
+    write_origin(tmp, {"source": "shipped", "release": manifest.get("release"),
+                       "fingerprint": manifest.get("fingerprint"),
+                       "folder_fingerprint": folder_fingerprint(manifest, final.name)})
+    return True
+
+
+def stale(folder: Path) -> bool:
+    """Whether the cached `folder` came from shipped weights other than the ones here now (a new release
+    under the same name): then it is restored again. A folder trained here is never replaced."""
+    origin = read_origin(folder)
+    if not origin or origin.get("source") not in ("shipped", "published"):
+        return False
+    manifest = read_manifest()
+    if manifest is None or folder.name not in manifest["folders"]:
+        return False
+    return origin.get("folder_fingerprint") != folder_fingerprint(manifest, folder.name)
+
+
+# ----------------------------------------------------------------------------- origins
+
+
+def write_origin(folder: Path, origin: dict[str, Any]) -> None:
+    write_atomic(folder / ORIGIN, json.dumps({**origin, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+                                             indent=2) + "\n")
+
+
+def local_origin(folder: Path) -> dict[str, Any]:
+    """The origin of a folder trained on this machine: its own fingerprint, over its safetensors files."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.safetensors")):
+        digest.update(str(path.relative_to(folder)).encode() + sha256_of(path).encode())
+    return {"source": "local", "release": None, "fingerprint": "local-" + digest.hexdigest()[:12],
+            "machine": _machine()}
+
+
+def _machine() -> str:
+    import platform
+
+    bf16 = False
+    try:
+        bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text() or "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores, " \
+           f"bf16 units: {'yes' if bf16 else 'no'}"
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, Any]) -> None:
+    """A stored safetensors file written back as it is used: shared tensors put back from the file that
+    holds them, each tensor in its own dtype, the original metadata."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), framework="pt") as fh:
+        metadata = dict(fh.metadata() or {})
+        tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+    how = json.loads(metadata.pop(META_KEY, "{}"))
+    for key, where in how.get("shared", {}).items():
+        file, _, name = where.partition("#")
+        with safe_open(str(verified(root, file, manifest)), framework="pt") as fh:
+            tensors[key] = fh.get_tensor(name)
+    for key, dtype in how.get("dtypes", {}).items():
+        tensors[key] = tensors[key].to(getattr(torch, dtype)).contiguous()
+    order = how.get("order") or sorted(tensors)
+    save_file({key: tensors[key] for key in order}, str(target), metadata=metadata or None)
+
+
+def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[str, Any]) -> dict:
+    """`source` (a safetensors file as used) written as stored: a tensor equal to one of `shared_pool`
+    (`"file#tensor" -> tensor`, the target's as trained) named instead of stored (restored from the
+    stored target, so a frozen copy stays equal to the target as used), float32 tensors in `storage`.
+    Every tensor's dtype and the order are kept in the metadata; returns what was done."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), framework="pt") as fh:
+        metadata = dict(fh.metadata() or {})
+        tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+    shared, kept = {}, {}
+    for key, tensor in tensors.items():
+        twin = next((ref for ref, other in shared_pool.items()
+                     if other.shape == tensor.shape and other.dtype == tensor.dtype and torch.equal(other, tensor)),
+                    None)
+        if twin is not None:
+            shared[key] = twin
+        elif tensor.dtype == torch.float32 and storage != "float32":
+            kept[key] = tensor.to(getattr(torch, storage)).contiguous()
+        else:
+            kept[key] = tensor.contiguous()
+    dtypes = {key: str(tensor.dtype).removeprefix("torch.") for key, tensor in tensors.items()}
+    metadata[META_KEY] = json.dumps({"shared": shared, "dtypes": dtypes, "order": list(tensors)}, sort_keys=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    save_file(kept, str(target), metadata=metadata)
+    return {"tensors": len(tensors), "shared": len(shared)}
+
+
+def tensors_of(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        return {key: fh.get_tensor(key) for key in fh.keys()}
+
+
+# ----------------------------------------------------------------------------- writing a release
+
+
+def part_of(folder: str, relative: Path) -> str:
+    """The part a file of the cache folder `folder` belongs to: its first folder (target, medusa, ...), else the
+    folder's role (`<hash>.hydra-<key>` -> hydra)."""
+    if len(relative.parts) > 1:
+        return relative.parts[0]
+    return folder.partition(".")[2].split("-", 1)[0] or "zoo"
+
+
+def ship(folders: list[Path], out: Path, storage: dict[str, str], release: str,
+         measured: dict[str, Any] | None = None, pool_file: str = "target/model.safetensors") -> dict[str, Any]:
+    """Write the cache `folders` (the zoo first) into the weights folder `out` as a new release: each
+    part stored as `storage[<part>]` says (default bfloat16), tensors equal to the zoo's
+    `pool_file`'s stored once; returns the manifest written to `out/MANIFEST.json`."""
+    for folder in folders:
+        if not folder.is_dir():
+            raise SpecbenchError(f"{folder} is not built; run `python -m specbench zoo build` first")
+    zoo_out = out / ZOO_DIR
+    if zoo_out.exists():
+        shutil.rmtree(zoo_out)  # a release replaces the last one at the same paths
+    files: dict[str, dict[str, Any]] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    pool: dict[str, Any] = {}
+    for index, folder in enumerate(folders):
+        stored: dict[str, str] = {}
+        paths = sorted(p for p in folder.rglob("*") if p.is_file())
+        paths.sort(key=lambda p: p.relative_to(folder).as_posix() != pool_file)  # the shared tensors' file first
+        for path in paths:
+            relative = path.relative_to(folder)
+            if path.suffix in PICKLED or path.name in SKIPPED or path.suffix == ".lock":
+                continue
+            name = f"{ZOO_DIR}/{folder.name}/{relative.as_posix()}"
+            target = out / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.suffix == ".safetensors":
+                part = part_of(folder.name, relative)
+                how = storage.get(part, "bfloat16")
+                if how not in STORAGE:
+                    raise SpecbenchError(f"storage of {folder.name}/{part} must be one of {STORAGE}, got {how!r}")
+                store_tensors(path, target, how, pool)
+                stored[part] = how
+                if index == 0 and relative.as_posix() == pool_file:  # the parts after it share its tensors
+                    pool = {f"{name}#{key}": tensor for key, tensor in tensors_of(path).items()}
+            else:
+                shutil.copyfile(path, target)
+            files[name] = {"sha256": sha256_of(target), "bytes": target.stat().st_size}
+        entries[folder.name] = {"storage": stored, "origin": read_origin(folder) or {}}
+    manifest = {
+        "about": "specbench's reference weights (python -m specbench zoo ship); runs restore these folders into "
+                 "the zoo's cache, checksums verified (specbench.zoo.shipped)",
+        "release": release,
+        "created": int(time.time()),
+        "fingerprint": release_fingerprint(files),
+        "bytes": sum(entry["bytes"] for entry in files.values()),
+        "folders": entries,
+        "measured": measured or {},
+        "files": dict(sorted(files.items())),
+    }
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    _verified.cache_clear()
+    return manifest
