@@ -144,6 +144,14 @@ def run_job(command: list[str], cwd: Path, what: str) -> float:
     return time.perf_counter() - started
 
 
+def run_quick(cfg: DictConfig, out_dir: Path, cwd: Path | None = None, methods: list[str] | None = None,
+              what: str = "quick suite", extra: list[str] | None = None) -> float:
+    """Run the quick suite (or `methods` of it) on the embedded default into `out_dir`, as one
+    interleaved job with the code of the tree `cwd` (`extra`: more run overrides, e.g. a shard); its seconds."""
+    return run_job(job_command(methods or quick_methods(cfg), out_dir, [*cfg.quick.overrides, *(extra or [])]),
+                   cwd or Path.cwd(), what)
+
+
 def job_order(blocks: int) -> list[tuple[str, int, int]]:
     """(side, block, blocks) in the order the jobs run: the questions split into `blocks` shards, each
     answered by the base and the change in turn, who goes first alternating from one block to the next
@@ -286,7 +294,7 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
                 cwd, names, what = sides[side]
                 extra = [f"shard={block}/{blocks}"] if blocks > 1 else []
                 label = f"{what}, questions {block} of {blocks}" if blocks > 1 else what
-                seconds += run_job(job_command(names, work / side, [*cfg.quick.overrides, *extra]), cwd, label)
+                seconds += run_quick(cfg, work / side, cwd, names, label, extra)
         finally:
             git(["worktree", "remove", "--force", str(tree)], root)
         base, change = job_runs(work / "base"), job_runs(work / "change")
