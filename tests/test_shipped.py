@@ -169,7 +169,7 @@ def test_a_new_release_under_the_same_name_replaces_a_restored_folder_never_a_lo
     assert shipped.stale(final)
     _built(final, "heads.json", "the heads", must_not_train)
     assert read_origin(final)["release"] == "test-3" and not shipped.stale(final)
-    shipped.write_origin(final, shipped.local_origin(final))  # trained here (zoo build --force): kept
+    shipped.mark_local(final)  # trained here (zoo build --force): kept
     assert not shipped.stale(final)
 
 

@@ -214,9 +214,10 @@ def weights_note(group: Group) -> str | None:
         return ("runs of different weights in one table: " + "; ".join(
             f"{sources[fp]} {fp} ({', '.join(sorted(set(names)))})" for fp, names in sorted(seen.items()))
             + "; their acceptance is not comparable: run them again on one set of weights")
-    if seen and (fp := next(iter(seen))) and sources[fp] != "shipped" and sources[fp] != "published":
-        return (f"weights trained on this machine ({sources[fp]}, fingerprint {fp}), not the shipped reference "
-                "weights: acceptance is not comparable with the committed tables")
+    for fp, source in sources.items():  # one set of weights at most here
+        if source not in ("shipped", "published"):
+            return (f"weights trained on this machine ({source}, fingerprint {fp}), not the shipped reference "
+                    "weights: acceptance is not comparable with the committed tables")
     return None
 
 

@@ -71,7 +71,7 @@ def _built(final: Path, card: str, what: str, build: Callable[[Path], None]) -> 
         print(f"specbench: training {what} into {final} (done once, then cached; local weights, not the shipped "
               "ones)", file=sys.stderr, flush=True)
         build(tmp)
-        shipped.write_origin(tmp, shipped.local_origin(tmp))
+        shipped.mark_local(tmp)
 
     return build_once(final, card, fetch_or_build, rebuild=stale)
 

@@ -34,14 +34,14 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.files import write_atomic
 from specbench.core.origin import ORIGIN_FILE, read_origin
 from specbench.core.questions import sha256_of
+from specbench.zoo import shipped
+from specbench.zoo.shipped import PICKLED
 
 MANIFEST = Path(__file__).with_name("release.json")
 #: another manifest than the package's (a maintainer trying a release before publishing it)
 MANIFEST_VAR = "SPECBENCH_ZOO_RELEASE"
 #: "0": never download a published folder, always train it here
 FETCH_VAR = "SPECBENCH_ZOO_FETCH"
-#: pickle formats: never shipped, never unpacked
-PICKLED = ("*.pt", "*.pth", "*.bin", "*.pkl", "*.pickle")
 DIST_PREFIX = "specbench-zoo-"
 PIP_TIMEOUT_S = 1800
 
@@ -130,8 +130,6 @@ def fetch(final: Path, tmp: Path) -> bool:
             for child in tmp.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
             return False
-    from specbench.zoo import shipped
-
     shipped.write_origin(tmp, {"source": "published", "release": wheel.version,
                                "fingerprint": wheel.fingerprint or f"published-{wheel.sha256[:12]}"})
     _say(f"fetched {final.name} in {time.perf_counter() - start:.0f}s")
@@ -223,8 +221,6 @@ def make_wheel(folder: Path, version: str, out: Path) -> Wheel:
 
 
 def _epoch(folder: Path) -> int:
-    from specbench.zoo import shipped
-
     manifest = shipped.read_manifest()
     if manifest is not None and folder.name in manifest["folders"] and manifest.get("created"):
         return int(manifest["created"])

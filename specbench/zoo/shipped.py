@@ -43,14 +43,11 @@ WEIGHTS_VAR = "SPECBENCH_WEIGHTS_DIR"
 MANIFEST = "MANIFEST.json"
 #: where the zoo's folders lie inside the weights folder
 ZOO_DIR = "zoo"
-#: in every folder of the cache that specbench restored, fetched or trained: where it came from
-ORIGIN = ORIGIN_FILE
 #: the key of a stored safetensors file's metadata that says how to restore it
 META_KEY = "specbench"
-#: pickle formats: never shipped (the loaders read safetensors first)
-PICKLED = (".pt", ".pth", ".bin", ".pkl", ".pickle")
-SKIPPED = (".lock", ORIGIN)
 STORAGE = ("bfloat16", "float32")
+#: pickle formats: never shipped in weights/ or a wheel, never unpacked (the loaders read safetensors first)
+PICKLED = ("*.pt", "*.pth", "*.bin", "*.pkl", "*.pickle")
 
 
 def weights_root() -> Path | None:
@@ -82,20 +79,13 @@ def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
 def folder_fingerprint(manifest: dict[str, Any], folder: str) -> str:
     """12 hex digits over the checksums of one shipped folder's files."""
     prefix = f"{ZOO_DIR}/{folder}/"
-    rows = sorted((name, entry["sha256"]) for name, entry in manifest["files"].items() if name.startswith(prefix))
-    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
+    return release_fingerprint({name: entry for name, entry in manifest["files"].items() if name.startswith(prefix)})
 
 
 def release_fingerprint(files: dict[str, dict[str, Any]]) -> str:
     """12 hex digits over every shipped file's name and checksum: the release's fingerprint."""
     rows = sorted((name, entry["sha256"]) for name, entry in files.items())
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
-
-
-def shipped(folder: str) -> bool:
-    """Whether the shipped weights hold the cache folder named `folder`."""
-    manifest = read_manifest()
-    return manifest is not None and folder in manifest["folders"]
 
 
 def verified(root: Path, name: str, manifest: dict[str, Any]) -> Path:
@@ -160,29 +150,30 @@ def stale(folder: Path) -> bool:
 
 
 def write_origin(folder: Path, origin: dict[str, Any]) -> None:
-    write_atomic(folder / ORIGIN, json.dumps({**origin, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+    write_atomic(folder / ORIGIN_FILE, json.dumps({**origin, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
                                              indent=2) + "\n")
 
 
-def local_origin(folder: Path) -> dict[str, Any]:
-    """The origin of a folder trained on this machine: its own fingerprint, over its safetensors files."""
+def mark_local(folder: Path) -> dict[str, Any]:
+    """Write (and return) the origin of a folder trained on this machine: its own fingerprint, over its
+    safetensors files, and the machine."""
     digest = hashlib.sha256()
     for path in sorted(folder.rglob("*.safetensors")):
         digest.update(str(path.relative_to(folder)).encode() + sha256_of(path).encode())
-    return {"source": "local", "release": None, "fingerprint": "local-" + digest.hexdigest()[:12],
-            "machine": _machine()}
+    origin = {"source": "local", "release": None, "fingerprint": "local-" + digest.hexdigest()[:12],
+              "machine": _machine()}
+    write_origin(folder, origin)
+    return origin
 
 
 def _machine() -> str:
-    import platform
+    """The CPU a local build trained on, and whether it has bf16 units (training then runs in bf16 autocast)."""
+    from specbench.core.hardware import cpu_info
+    from specbench.zoo.train import autocast_dtype
 
-    bf16 = False
-    try:
-        bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text() or "amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores, " \
-           f"bf16 units: {'yes' if bf16 else 'no'}"
+    cpu = cpu_info()
+    return f"{cpu.get('model')}, {cpu.get('logical_cores')} cores, bf16 units: " \
+           f"{'yes' if autocast_dtype('auto') is not None else 'no'}"
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -195,9 +186,7 @@ def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, 
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    with safe_open(str(source), framework="pt") as fh:
-        metadata = dict(fh.metadata() or {})
-        tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+    metadata, tensors = read_tensors(source)
     how = json.loads(metadata.pop(META_KEY, "{}"))
     for key, where in how.get("shared", {}).items():
         file, _, name = where.partition("#")
@@ -209,18 +198,15 @@ def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, 
     save_file({key: tensors[key] for key in order}, str(target), metadata=metadata or None)
 
 
-def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[str, Any]) -> dict:
+def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[str, Any]) -> None:
     """`source` (a safetensors file as used) written as stored: a tensor equal to one of `shared_pool`
     (`"file#tensor" -> tensor`, the target's as trained) named instead of stored (restored from the
     stored target, so a frozen copy stays equal to the target as used), float32 tensors in `storage`.
-    Every tensor's dtype and the order are kept in the metadata; returns what was done."""
+    Every tensor's dtype and the order are kept in the metadata."""
     import torch
-    from safetensors import safe_open
     from safetensors.torch import save_file
 
-    with safe_open(str(source), framework="pt") as fh:
-        metadata = dict(fh.metadata() or {})
-        tensors = {key: fh.get_tensor(key) for key in fh.keys()}
+    metadata, tensors = read_tensors(source)
     shared, kept = {}, {}
     for key, tensor in tensors.items():
         twin = next((ref for ref, other in shared_pool.items()
@@ -236,14 +222,14 @@ def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[st
     metadata[META_KEY] = json.dumps({"shared": shared, "dtypes": dtypes, "order": list(tensors)}, sort_keys=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     save_file(kept, str(target), metadata=metadata)
-    return {"tensors": len(tensors), "shared": len(shared)}
 
 
-def tensors_of(path: Path) -> dict[str, Any]:
+def read_tensors(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """A safetensors file's metadata and tensors."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as fh:
-        return {key: fh.get_tensor(key) for key in fh.keys()}
+        return dict(fh.metadata() or {}), {key: fh.get_tensor(key) for key in fh.keys()}
 
 
 # ----------------------------------------------------------------------------- writing a release
@@ -261,7 +247,8 @@ def ship(folders: list[Path], out: Path, storage: dict[str, str], release: str,
          measured: dict[str, Any] | None = None, pool_file: str = "target/model.safetensors") -> dict[str, Any]:
     """Write the cache `folders` (the zoo first) into the weights folder `out` as a new release: each
     part stored as `storage[<part>]` says (default bfloat16), tensors equal to the zoo's
-    `pool_file`'s stored once; returns the manifest written to `out/MANIFEST.json`."""
+    `pool_file`'s stored once; pickles, locks and origins left out; returns the manifest written to
+    `out/MANIFEST.json`."""
     for folder in folders:
         if not folder.is_dir():
             raise SpecbenchError(f"{folder} is not built; run `python -m specbench zoo build` first")
@@ -277,7 +264,7 @@ def ship(folders: list[Path], out: Path, storage: dict[str, str], release: str,
         paths.sort(key=lambda p: p.relative_to(folder).as_posix() != pool_file)  # the shared tensors' file first
         for path in paths:
             relative = path.relative_to(folder)
-            if path.suffix in PICKLED or path.name in SKIPPED or path.suffix == ".lock":
+            if any(relative.match(pattern) for pattern in (*PICKLED, "*.lock", ORIGIN_FILE)):
                 continue
             name = f"{ZOO_DIR}/{folder.name}/{relative.as_posix()}"
             target = out / name
@@ -290,7 +277,7 @@ def ship(folders: list[Path], out: Path, storage: dict[str, str], release: str,
                 store_tensors(path, target, how, pool)
                 stored[part] = how
                 if index == 0 and relative.as_posix() == pool_file:  # the parts after it share its tensors
-                    pool = {f"{name}#{key}": tensor for key, tensor in tensors_of(path).items()}
+                    pool = {f"{name}#{key}": tensor for key, tensor in read_tensors(path)[1].items()}
             else:
                 shutil.copyfile(path, target)
             files[name] = {"sha256": sha256_of(target), "bytes": target.stat().st_size}

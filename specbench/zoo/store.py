@@ -138,8 +138,7 @@ def _build_into(cfg: DictConfig, root: Path, digest: str, fetch: bool = True) ->
               f"`python -m specbench zoo build` builds it ahead of time)", file=sys.stderr, flush=True)
         card = build(cfg, tmp, digest, ZOO_CODE_VERSION)
         print(format_card(card), file=sys.stderr, flush=True)
-        origin = shipped.local_origin(tmp)
-        shipped.write_origin(tmp, origin)
+        origin = shipped.mark_local(tmp)
         print(f"specbench: this zoo was trained here: its weights are local ({origin['fingerprint']}), not the "
               "shipped reference weights; runs and reports on it say so", file=sys.stderr, flush=True)
         marker = json.dumps({"zoo_hash": digest, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
