@@ -21,7 +21,7 @@ BENCH_ARGS ?= task=all limit=3 budget=fixed
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real engines leaderboard leaderboard-batch leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,8 @@ bench: install  ## the main job: every method on 3 synthetic questions per subta
 # each temperature on SWEEP_ARGS' questions (temperature 0 reuses the greedy answers); then the budget
 # phase and the batch-size table and figure (below). Every phase is one job: the baseline and the methods
 # answer each question in turn. docs/leaderboard.md gives the measured time on 2 cores; its answers live apart
-# from `make bench`'s.
+# from `make bench`'s. The phases run alone too (leaderboard-greedy, -sweep, -budget, -batch: a stopped phase
+# resumes where it stopped), for a regeneration that spans sessions; `make leaderboard` then only reports.
 LEADERBOARD_ANSWERS ?= results/answers-leaderboard
 LEADERBOARD_OUT ?= results/leaderboard
 LEADERBOARD_ARGS ?= task=all runs=1
@@ -68,16 +69,23 @@ BUDGET_ARGS ?= task=all limit=10
 BENCH_OUT ?= results/bench
 
 leaderboard: install  ## regenerate results/leaderboard: greedy 480 questions, the temperature sweep, budgets, batches
+	$(MAKE) --no-print-directory leaderboard-greedy
+	$(MAKE) --no-print-directory leaderboard-sweep
+	$(MAKE) --no-print-directory leaderboard-budget
+	$(PY) -m specbench report $(LEADERBOARD_ANSWERS) --out $(LEADERBOARD_OUT) --beside $(BUDGET_ANSWERS)
+	$(MAKE) --no-print-directory leaderboard-batch
+
+leaderboard-greedy: install  ## the leaderboard's greedy phase alone (answers only; `make leaderboard` reports)
 	$(PY) -m specbench zoo build
 	methods="$$($(PY) -m specbench methods --names --suite leaderboard)" && \
 	$(PY) -m specbench run method=baseline interleave=[$$methods] budget=fixed $(LEADERBOARD_ARGS) \
 	    output_dir=$(LEADERBOARD_ANSWERS)
+
+leaderboard-sweep: install  ## the leaderboard's temperature sweep alone (answers only; `make leaderboard` reports)
+	$(PY) -m specbench zoo build
 	methods="$$($(PY) -m specbench methods --names --suite sweep)" && \
 	$(PY) -m specbench -m run method=baseline interleave=[$$methods] budget=fixed temperature=$(SWEEP_TEMPS) \
 	    $(SWEEP_ARGS) output_dir=$(LEADERBOARD_ANSWERS)
-	$(MAKE) --no-print-directory leaderboard-budget
-	$(PY) -m specbench report $(LEADERBOARD_ANSWERS) --out $(LEADERBOARD_OUT) --beside $(BUDGET_ANSWERS)
-	$(MAKE) --no-print-directory leaderboard-batch
 
 leaderboard-budget: install  ## draft budgets side by side: each speculative method with budget=auto and =fixed, then the report
 	$(PY) -m specbench zoo build

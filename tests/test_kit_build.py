@@ -23,15 +23,19 @@ TINY = {
     "name": "testkit", "title": "Test kit", "source": "pypi",
     "build": {
         "threads": 1, "seed": 0, "heldout_fraction": 0.25,
-        "corpus": {"prompts": 8, "seed": 3, "max_new_tokens": 12, "batch_size": 4, "dtype": "float32"},
+        "corpus": {"shards": 2, "seed": 3, "max_new_tokens": 12, "turn_tokens": 8, "sampled": 0.5,
+                   "temperatures": [0.8], "top_p": 0.95, "topk": 4, "batch_size": 4, "dtype": "float32",
+                   "per_shard": {"instruct": 2, "hinted": 2, "math": 3, "foreign": 3, "summarize": 1, "rag": 1,
+                                 "translate": 1, "second": 1}},
         "drafts": {
             "dtype": "float32", "max_positions": 512,
             "arch": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                      "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                      "tie_word_embeddings": True},
-            **{name: {"epochs": 1.0, "batch_size": 2, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1,
-                      "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd,
-                      "temperature": 1.0} for name, kd in (("draft", 0.9), ("draft_plain", 0.0))},
+            **{name: {"init": "pca", "layers": 1, "epochs": 1.0, "batch_tokens": 64, "evaluations": 1, "chain": 3,
+                      "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.0, "beta1": 0.9,
+                      "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd} for name, kd in (("draft", 0.9),
+                                                                                        ("draft_plain", 0.0))},
         },
         "heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                   "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
@@ -49,6 +53,7 @@ def kit(tiny_models, tmp_path_factory):
     cache = tmp_path_factory.mktemp("kit-cache")
     patch = pytest.MonkeyPatch()
     patch.setenv("SPECBENCH_CACHE_DIR", str(cache))
+    patch.setenv(build.CORPORA_VAR, str(cache / "corpora"))  # no committed shards: every one made here
     target = tiny_models["llama"]
     patch.setattr(build, "ensure_target", lambda kit, source=None: target)
     patch.setattr(build, "recorded_target", lambda kit: {"source": "test", "folder": str(target), "sha256": "0"})
@@ -61,14 +66,18 @@ def kit(tiny_models, tmp_path_factory):
 
 def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
     rows = build.read_corpus(build.ensure_group(kit, "corpus"))
-    assert len(rows) == 8 and all(r["turns"] and r["prompt_ids"] for r in rows)
+    # a random target's user turns never end, so its rows are the math problems and foreign texts
+    assert len(rows) >= 12 and all(r["turns"] and r["prompt_ids"] for r in rows)
+    assert {r["shard"] for r in rows} == {0, 1} and {"math", "foreign"} <= {r["category"] for r in rows}
     assert all(0 < len(r["answer_ids"]) <= 12 for r in rows)
     for group in ("datastore", "drafts", "heads"):
         folder = build.ensure_group(kit, group)
         card = json.loads((folder / build.CARD).read_text())
         assert card["group"] == group and card["build_seconds"] >= 0 and card["settings"]["code"]
     drafts = json.loads((build.group_dir(kit, "drafts") / build.CARD).read_text())
-    assert 0 <= drafts["draft"]["heldout_agreement"] <= 1 and drafts["heldout_rows"] == 2
+    assert 0 <= drafts["draft"]["heldout_agreement"] <= 1
+    assert drafts["heldout_rows"] == sum(r["heldout"] for r in rows) and drafts["train_rows"] == len(rows) - sum(
+        r["heldout"] for r in rows)
     # built once: a second call reads the cache
     before = (build.group_dir(kit, "heads") / build.CARD).stat().st_mtime_ns
     build.ensure_group(kit, "heads")

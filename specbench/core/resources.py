@@ -55,6 +55,16 @@ def env_folder(var: str, default: Path) -> Path:
     return Path(value).expanduser() if value else default
 
 
+def checkout_folder(var: str, name: str) -> Path | None:
+    """The folder the environment variable `var` names when it is set, else the checkout's folder
+    `name` (the repository's committed data: `weights/`, `corpora/`); None in a wheel install."""
+    value = os.environ.get(var)
+    if value:
+        return Path(value).expanduser()
+    checkout = source_checkout()
+    return checkout / name if checkout is not None else None
+
+
 def cache_root() -> Path:
     """$SPECBENCH_CACHE_DIR if set, else ~/.cache/specbench (converted models, built kits, self_spec's searches)."""
     return env_folder(CACHE_VAR, default_cache())

@@ -38,7 +38,7 @@ from specbench.kit.source import ensure_target, kit_dir, recorded_target
 
 CARD = "card.json"
 #: Bump when a change here changes what a build produces.
-KIT_CODE_VERSION = "kit-1"
+KIT_CODE_VERSION = "kit-2"
 #: part name -> the group that builds it
 PARTS = {"corpus": "corpus", "datastore": "datastore", "draft": "drafts", "draft_plain": "drafts",
          "eagle": "heads", "eagle3": "heads", "medusa": "heads", "ppd": "heads",
@@ -199,54 +199,93 @@ def build_dtype(name: str) -> torch.dtype:
     return autocast_dtype(name) or torch.float32
 
 
+def corpus_place(kit: DictConfig) -> tuple[Any, Any]:
+    """The kit's corpus settings and where its shards are: the cache's
+    `<kit>/<target>/corpus-shards-<key>/`, and the repository's committed copy
+    `corpora/<kit>/<target>/corpus-shards-<key>/` ($SPECBENCH_CORPORA_DIR for another folder)."""
+    from specbench.kit.corpus import CorpusSettings, ShardPlace
+
+    settings = CorpusSettings.of(kit.build.corpus)
+    name = f"corpus-shards-{settings.shard_key(target_id(kit))}"
+    root = corpora_root()
+    committed = root / str(kit.name) / target_id(kit) / name if root is not None else None
+    return settings, ShardPlace(kit_dir(kit) / target_id(kit) / name, committed)
+
+
+CORPORA_VAR = "SPECBENCH_CORPORA_DIR"
+
+
+def corpora_root() -> Path | None:
+    """$SPECBENCH_CORPORA_DIR if set, else the checkout's `corpora/` (None in a wheel install)."""
+    from specbench.core.resources import checkout_folder
+
+    return checkout_folder(CORPORA_VAR, "corpora")
+
+
+def build_shards(kit: DictConfig, indices: list[int] | None = None) -> list[dict]:
+    """Make the corpus shards `indices` (default: every missing one) that are not finished yet, one
+    at a time, each kept as it finishes; returns their cards."""
+    from specbench.kit.corpus import ShardMaker, build_shard, missing
+
+    settings, place = corpus_place(kit)
+    todo = [i for i in (indices if indices is not None else range(settings.shards)) if place.card(i) is None]
+    if not todo:
+        return []
+    dtype = build_dtype(settings.dtype)
+    threads = torch.get_num_threads()
+    cards = []
+    try:
+        torch.set_num_threads(int(kit.build.threads))
+        target = _load_target(kit, dtype)
+        maker = ShardMaker(settings, target.model, target.tokenizer, set(target.eos_ids), progress=_progress)
+        for i in todo:
+            card = build_shard(maker, place, i, dtype)
+            left = len(missing(place, settings.shards))
+            print(f"specbench: {kit.name} corpus shard {i}: {card['rows']} rows, {card['answer_tokens']} answer "
+                  f"tokens in {card['seconds']:.0f} s ({left} of {settings.shards} shards still to make)",
+                  file=sys.stderr, flush=True)
+            cards.append(card)
+    finally:
+        torch.set_num_threads(threads)
+    return cards
+
+
+def _progress(line: str) -> None:
+    print(f"specbench: {line}", file=sys.stderr, flush=True)
+
+
 def build_corpus(kit: DictConfig, inputs: dict, out: Path) -> dict:
-    """Synthetic first turns answered by the target, greedy, in batches (left-padded)."""
-    from tqdm import tqdm
+    """Every shard of the kit's corpus (specbench.kit.corpus; the finished ones reused, from the
+    cache or the repository), then the rows in one file (`corpus.jsonl`: prompt and answer ids, each
+    row's shard, index and held-out mark) for the parts that read it."""
+    from specbench.kit.corpus import heldout, iter_rows, missing
 
-    from specbench import synth
-    from specbench.core.prompts import prompt_ids
-
-    cfg = kit.build.corpus
-    dtype = build_dtype(str(cfg.dtype))
-    target = _load_target(kit, dtype)
-    tok, model = target.tokenizer, target.model
-    items = list(synth.make_corpus(int(cfg.prompts), seed=int(cfg.seed)))
-    prompts = [prompt_ids("chat_template", tok, it["turns"][:1], []) for it in items]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch together
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos = sorted(target.eos_ids)
-    answers: dict[int, list[int]] = {}
-    batch = int(cfg.batch_size)
-    start, generated = time.perf_counter(), 0
-    bar = tqdm(range(0, len(order), batch), desc=f"{kit.name} corpus", file=sys.stderr, dynamic_ncols=True,
-               mininterval=5.0)
-    with torch.inference_mode():
-        for lo in bar:
-            rows = order[lo : lo + batch]
-            width = max(len(prompts[i]) for i in rows)
-            ids = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, i in enumerate(rows):
-                ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-                mask[r, width - len(prompts[i]) :] = 1
-            out_ids = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=int(cfg.max_new_tokens),
-                                     do_sample=False, eos_token_id=eos, pad_token_id=pad)[:, width:]
-            for r, i in enumerate(rows):
-                answer = out_ids[r].tolist()
-                cut = next((j + 1 for j, t in enumerate(answer) if t in target.eos_ids), len(answer))
-                answers[i] = answer[:cut]
-                generated += cut
-            bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - start):.0f}", refresh=False)
-    bar.close()
+    settings, place = corpus_place(kit)
+    build_shards(kit)
+    left = missing(place, settings.shards)
+    if left:
+        raise SpecbenchError(f"{kit.name}'s corpus lacks shard(s) {left}")
+    fraction = float(kit.build.heldout_fraction)
+    totals = {"rows": 0, "answer_tokens": 0, "prompt_tokens": 0, "ended": 0, "sampled": 0, "heldout_rows": 0}
+    kinds: dict[str, int] = {}
     with open(out / CORPUS_FILE, "w", encoding="utf-8") as fh:
-        for i, it in enumerate(items):
-            text = tok.decode(answers[i], skip_special_tokens=True)
-            fh.write(json.dumps({"question_id": i, "category": it["category"], "turns": it["turns"][:1],
-                                 "reference": [text], "prompt_ids": prompts[i], "answer_ids": answers[i]}) + "\n")
-    ended = sum(1 for a in answers.values() if a and a[-1] in target.eos_ids)
-    return {"prompts": len(items), "answer_tokens": generated, "prompt_tokens": sum(map(len, prompts)),
-            "ended_by_eos": ended, "dtype": str(dtype).removeprefix("torch."),
-            "generate_seconds": round(time.perf_counter() - start, 1)}
+        for shard, index, row in iter_rows(place, settings.shards):
+            held = heldout(shard, index, fraction)
+            fh.write(json.dumps({"question_id": f"{shard}-{index}", "category": row["kind"], "turns": row["turns"],
+                                 "shard": shard, "row": index, "heldout": held,
+                                 "temperature": row["temperature"], "ended": row["ended"],
+                                 "prompt_ids": row["prompt_ids"], "answer_ids": row["answer_ids"]}) + "\n")
+            kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+            totals["rows"] += 1
+            totals["answer_tokens"] += len(row["answer_ids"])
+            totals["prompt_tokens"] += len(row["prompt_ids"])
+            totals["ended"] += bool(row["ended"])
+            totals["sampled"] += row["temperature"] > 0
+            totals["heldout_rows"] += held
+    cards = [json.loads(place.card(i).read_text()) for i in range(settings.shards)]
+    return {**totals, "kinds": kinds, "shards": settings.shards, "shard_folder": place.cache.name,
+            "shard_seconds": round(sum(c["seconds"] for c in cards), 1),
+            "from_repository": sum(place.card(i).parent == place.committed for i in range(settings.shards))}
 
 
 def read_corpus(folder: Path) -> list[dict]:
@@ -291,22 +330,8 @@ def corpus_rows(rows: list[dict], pad_id: int) -> Any:
 
 
 def split_rows(kit: DictConfig, rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Training rows and the held-out rows every card's agreement is measured on."""
-    held = max(1, int(len(rows) * float(kit.build.heldout_fraction)))
-    return rows[:-held], rows[-held:]
-
-
-@torch.inference_mode()
-def agreement(model: torch.nn.Module, target: torch.nn.Module, data: Any, batch: int = 8) -> float:
-    """How often the model's top token equals the target's where the next token is an answer's."""
-    hits = seen = 0
-    for lo in range(0, len(data), batch):
-        ids, keep = data.input_ids[lo : lo + batch], data.assistant[lo : lo + batch, 1:]
-        ours = model(input_ids=ids).logits[:, :-1].argmax(-1)
-        theirs = target(input_ids=ids).logits[:, :-1].argmax(-1)
-        hits += int((ours == theirs)[keep].sum())
-        seen += int(keep.sum())
-    return hits / max(seen, 1)
+    """Training rows and the held-out rows every card's agreement is measured on (each row's mark)."""
+    return [r for r in rows if not r["heldout"]], [r for r in rows if r["heldout"]]
 
 
 def _pca_embeddings(target: torch.nn.Module, width: int) -> torch.Tensor:
@@ -316,10 +341,46 @@ def _pca_embeddings(target: torch.nn.Module, width: int) -> torch.Tensor:
     return emb @ vectors[:, -width:].flip(-1)  # the target's own scale along those directions
 
 
+def soft_targets(kit: DictConfig, rows: list[dict]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The target's top-k (ids, log-probabilities) at each answer position of `rows` (rows of
+    `corpus.jsonl`), from the shards' cached top-k (recomputed once where a shard came from the
+    repository)."""
+    from specbench.kit.corpus import ensure_topk, read_rows, read_topk
+
+    settings, place = corpus_place(kit)
+    wanted: dict[int, set[int]] = {}
+    for r in rows:
+        wanted.setdefault(int(r["shard"]), set()).add(int(r["row"]))
+    found: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    target: list[Any] = []
+
+    def loader() -> torch.nn.Module:
+        if not target:
+            target.append(_load_target(kit, build_dtype(settings.dtype)).model)
+        return target[0]
+
+    for shard, keep in sorted(wanted.items()):
+        ensure_topk(place, shard, loader, settings.topk)
+        ids, logp = read_topk(place, shard)
+        offset = 0
+        for index, row in enumerate(read_rows(place.rows_file(shard))):
+            n = len(row["answer_ids"])
+            if index in keep:
+                found[shard, index] = (ids[offset:offset + n], logp[offset:offset + n])
+            offset += n
+        if offset != len(ids):
+            raise SpecbenchError(f"{place.topk_file(shard)} holds {len(ids)} positions, its shard {offset}: "
+                                 "delete it (it is recomputed)")
+    return [found[int(r["shard"]), int(r["row"])] for r in rows]
+
+
 def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
-    """`draft`: a small Llama distilled from the target (forward KL + cross-entropy on its answers),
-    `draft_plain`: the same shape on the answers alone (hard labels); both start from the target's
-    embeddings projected to their width and share its tokenizer."""
+    """`draft`: distilled from the target (forward KL to its cached top-k + cross-entropy, on answer
+    tokens), `draft_plain`: the same shape on the answers alone (hard labels); each started as its
+    `init` says (`pca`: a new Llama of `arch`'s shape from the target's embedding's main directions;
+    `target_layers`: the target's own first `layers` blocks with its embedding and head), trained on
+    every training row (specbench.kit.distill), measured on the held-out rows."""
+    from specbench.kit.distill import Rows, draft_from_target, train_draft
     from specbench.zoo import train as zoo_train
 
     cfg = kit.build.drafts
@@ -327,23 +388,30 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     tok = target.tokenizer
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    train_rows, held_rows = corpus_rows(rows, pad), corpus_rows(held, pad)
+    train_rows, held_rows = Rows.of(rows, soft_targets(kit, rows)), Rows.of(held, soft_targets(kit, held))
     compute = zoo_train.autocast_dtype(str(cfg.dtype))
-    card: dict[str, Any] = {"train_rows": len(rows), "heldout_rows": len(held), "train_tokens": train_rows.n_tokens}
+    card: dict[str, Any] = {"train_rows": len(rows), "heldout_rows": len(held),
+                            "train_answer_tokens": train_rows.answer_tokens,
+                            "heldout_answer_tokens": held_rows.answer_tokens}
     for offset, name in enumerate(("draft", "draft_plain")):
         section = cfg[name]
-        model = zoo_train.make_model(cfg.arch, tok, int(cfg.max_positions), int(kit.build.seed) + offset,
-                                     int(kit.build.corpus.max_new_tokens))
-        with torch.no_grad():
-            model.get_input_embeddings().weight.copy_(_pca_embeddings(target.model, int(cfg.arch.hidden_size)))
-        stats = zoo_train.train(model, train_rows, section, seed=int(kit.build.seed) + offset,
-                                desc=f"{kit.name} {name}", teacher=target.model if section.kd_alpha > 0 else None,
-                                compute_dtype=compute)
+        seed = int(kit.build.seed) + offset
+        if str(section.init) == "target_layers":
+            model = draft_from_target(target.model, int(section.layers))
+        elif str(section.init) == "pca":
+            model = zoo_train.make_model(cfg.arch, tok, int(cfg.max_positions), seed,
+                                         int(kit.build.corpus.max_new_tokens))
+            with torch.no_grad():
+                model.get_input_embeddings().weight.copy_(_pca_embeddings(target.model, int(cfg.arch.hidden_size)))
+        else:
+            raise SpecbenchError(f"build.drafts.{name}.init must be pca or target_layers, got {section.init!r}")
+        stats = train_draft(model, train_rows, held_rows, section, pad_id=pad, seed=seed, desc=f"{kit.name} {name}",
+                            compute_dtype=compute)
         model.eval()
         model.save_pretrained(out / name)
         tok.save_pretrained(out / name, save_jinja_files=False)
-        card[name] = {"params": zoo_train.n_params(model), "train": stats.as_dict(),
-                      "heldout_agreement": round(agreement(model, target.model, held_rows), 4)}
+        card[name] = {"params": zoo_train.n_params(model), "init": str(section.init), "train": stats.as_dict(),
+                      "heldout_agreement": round(stats.curve[-1].agreement, 4)}
     card["arch"] = OmegaConf.to_container(cfg.arch, resolve=True)
     return card
 
@@ -375,7 +443,7 @@ BUILDERS: dict[str, Callable[[DictConfig, dict, Path], dict]] = {
     "corpus": build_corpus, "datastore": build_datastore, "drafts": build_drafts, "heads": build_heads,
 }
 BUILD_NOTES = {
-    "corpus": "the target answers synthetic instructions: minutes on 2 CPU cores",
+    "corpus": "the target writes its own prompts and answers them, in shards: hours on 2 CPU cores",
     "datastore": "seconds",
     "drafts": "two small Llamas distilled from the corpus",
     "heads": "five heads trained on the frozen target",

@@ -22,8 +22,15 @@ def _parser() -> ArgumentParser:
     build.add_argument("--parts", default="corpus,datastore",
                        help="comma-separated groups to build: corpus, datastore, drafts, heads (heads: the heads "
                             "group and the head of every method that trains its own) (default: %(default)s)")
+    corpus = sub.add_parser("corpus", help="make the kit's corpus shards (each kept as it finishes: a stopped build "
+                                           "resumes at the first missing shard) and print their cards")
+    corpus.add_argument("--shards", default=None, metavar="A-B",
+                        help="only shards A to B (0-based, inclusive; default: every shard of build.corpus.shards)")
+    corpus.add_argument("--commit", action="store_true",
+                        help="copy the finished shards (rows and cards) into the repository's corpora/ folder, "
+                             "for git: the next machine goes on from there")
     show = sub.add_parser("show", help="print what this machine has of the kit (target, built parts, build times)")
-    for p in (fetch, build, show):
+    for p in (fetch, build, corpus, show):
         p.add_argument("name", help=f"the kit: {', '.join(kit_names())}")
     return parser
 
@@ -37,6 +44,7 @@ def kit_main(argv: list[str]) -> int:
     from specbench.kit.build import (
         CARD,
         NEEDS,
+        corpus_place,
         ensure_group,
         ensure_trained,
         group_dir,
@@ -44,6 +52,7 @@ def kit_main(argv: list[str]) -> int:
         trained_dir,
         trained_methods,
     )
+    from specbench.kit.corpus import missing
     from specbench.kit.source import ensure_target, recorded_target
 
     kit = load_kit(opts.name)
@@ -52,6 +61,8 @@ def kit_main(argv: list[str]) -> int:
         record = recorded_target(kit) or {}
         print(f"{kit.title}: {folder} (from {record.get('source')}: {record.get('weights', '')})")
         return 0
+    if opts.action == "corpus":
+        return corpus_main(kit, opts.shards, opts.commit)
     if opts.action == "build":
         groups = [g.strip() for g in opts.parts.split(",") if g.strip()]
         unknown = [g for g in groups if g not in NEEDS]
@@ -78,6 +89,10 @@ def kit_main(argv: list[str]) -> int:
             print(f"  {group}: {folder} (built in {card['build_seconds']:.0f} s)")
         else:
             print(f"  {group}: not built (`python -m specbench kit build {kit.name} --parts {group}`)")
+    settings, place = corpus_place(kit)
+    done = settings.shards - len(missing(place, settings.shards))
+    print(f"  corpus shards: {done} of {settings.shards} made ({place.cache}"
+          + (f"; committed: {place.committed}" if place.committed is not None else "") + ")")
     for method in trained_methods():
         folder = trained_dir(kit, *kit_recipe(kit, method), method)
         built = (folder / PART_CARD).is_file()
@@ -87,6 +102,37 @@ def kit_main(argv: list[str]) -> int:
         took = f" in {found['seconds']:.0f} s" if "seconds" in found else ""
         print(f"  self_spec skip set ({found.get('dtype', 'dtype not recorded')}): layers {found['best']} "
               f"(searched{took} on the first self_spec run)")
+    return 0
+
+
+def corpus_main(kit, shards: str | None, commit: bool) -> int:
+    from specbench.kit.build import build_shards, corpus_place
+    from specbench.kit.corpus import copy_shards, missing
+
+    settings, place = corpus_place(kit)
+    indices = None
+    if shards:
+        lo, _, hi = shards.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise SpecbenchError(f"--shards takes A-B (two shard numbers), got {shards!r}") from None
+        if not 0 <= first <= last < settings.shards:
+            raise SpecbenchError(f"--shards {shards}: {kit.name}'s corpus has shards 0-{settings.shards - 1} "
+                                 "(build.corpus.shards)")
+        indices = list(range(first, last + 1))
+    made = build_shards(kit, indices)
+    for card in made:
+        print(f"{kit.name} corpus shard {card['shard']}: {card['rows']} rows, {card['answer_tokens']} answer tokens, "
+              f"{card['prompt_tokens']} prompt tokens, {card['seconds']:.0f} s")
+    if commit:
+        if place.committed is None:
+            raise SpecbenchError("no corpora/ folder to commit into (not a source checkout); set SPECBENCH_CORPORA_DIR")
+        copied = copy_shards(place, settings.shards, place.committed)
+        print(f"{kit.name} corpus: {len(copied)} shard(s) copied into {place.committed}")
+    left = missing(place, settings.shards)
+    print(f"{kit.name} corpus: {settings.shards - len(left)} of {settings.shards} shards made"
+          + (f"; missing {left[0]}-{left[-1]}" if left else ""))
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from functools import cache
@@ -36,7 +35,7 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.files import write_atomic
 from specbench.core.origin import ORIGIN_FILE, read_origin
 from specbench.core.questions import sha256_of
-from specbench.core.resources import source_checkout
+from specbench.core.resources import checkout_folder
 
 #: another folder of shipped weights than the checkout's `weights/`
 WEIGHTS_VAR = "SPECBENCH_WEIGHTS_DIR"
@@ -52,11 +51,7 @@ PICKLED = ("*.pt", "*.pth", "*.bin", "*.pkl", "*.pickle")
 
 def weights_root() -> Path | None:
     """$SPECBENCH_WEIGHTS_DIR if set, else the checkout's `weights/`; None when neither exists (a wheel install)."""
-    given = os.environ.get(WEIGHTS_VAR)
-    if given:
-        return Path(given).expanduser()
-    checkout = source_checkout()
-    return checkout / "weights" if checkout is not None else None
+    return checkout_folder(WEIGHTS_VAR, "weights")
 
 
 def read_manifest(root: Path | None = None) -> dict[str, Any] | None:

@@ -1,0 +1,157 @@
+"""The frozen target's states over a kit's whole corpus, for training heads on every row.
+
+A head learns from the target's hidden states (EAGLE, Medusa, Hydra: the final-norm state the LM
+head reads; EAGLE-3: low, middle and high layers side by side; PPD: the state after its exit
+layer, through the final norm). Over millions of corpus tokens those states do not fit in memory
+as padded (rows, length, width) tensors, so each shard's are computed once per machine by one
+teacher-forced pass (bfloat16), kept in the cache beside the shard (`shard-NNNNN.states-<key>.safetensors`),
+and only where a head reads them: every answer position and the `context` prompt positions before it.
+
+`Ragged` serves them to the heads' training loops as if they were a padded (rows, length, width)
+tensor: `x[rows, positions]` with index tensors or a slice gives the stored states and zeros where
+nothing is stored (padding, and prompt positions before the kept context, which no loss reads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: prompt positions kept before each answer (a head's attention and windows read back that far)
+CONTEXT = 128
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Which states to keep: the final-norm state, EAGLE-3's fused layers, PPD's exit state."""
+
+    final: bool = True
+    fused: tuple[int, ...] = ()
+    exit_layer: int | None = None
+
+    def names(self) -> list[str]:
+        return (["final"] if self.final else []) + (["fused"] if self.fused else []) + (
+            ["exit"] if self.exit_layer else [])
+
+    def key(self) -> str:
+        text = json.dumps({"final": self.final, "fused": list(self.fused), "exit": self.exit_layer,
+                           "context": CONTEXT, "version": "states-1"}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def kept_from(prompt: int) -> int:
+    """The first position of a row whose states are kept."""
+    return max(0, prompt - CONTEXT)
+
+
+@torch.inference_mode()
+def compute_states(model: torch.nn.Module, rows: Sequence[dict], spec: StateSpec,
+                   batch_tokens: int = 8192) -> dict[str, torch.Tensor]:
+    """The states of `spec` over `rows` (prompt + answer, teacher-forced, right-padded batches of
+    similar length), flat: each row's kept positions one after another, in row order; bfloat16."""
+    norm = model.get_decoder().norm
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"]) + len(rows[i]["answer_ids"]))
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in spec.names()}
+    lo = 0
+    while lo < len(order):
+        hi = lo + 1
+        while hi < len(order) and (hi - lo + 1) * _length(rows[order[hi]]) <= batch_tokens:
+            hi += 1
+        picked = order[lo:hi]
+        width = max(_length(rows[i]) for i in picked)
+        ids = torch.zeros((len(picked), width), dtype=torch.long)
+        mask = torch.zeros((len(picked), width), dtype=torch.long)
+        for b, i in enumerate(picked):
+            seq = rows[i]["prompt_ids"] + rows[i]["answer_ids"]
+            ids[b, :len(seq)] = torch.tensor(seq)
+            mask[b, :len(seq)] = 1
+        states = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False).hidden_states
+        for b, i in enumerate(picked):
+            keep = slice(kept_from(len(rows[i]["prompt_ids"])), _length(rows[i]))
+            if spec.final:
+                parts["final"].append((i, states[-1][b, keep].to(torch.bfloat16)))
+            if spec.fused:
+                parts["fused"].append((i, torch.cat([states[j][b, keep] for j in spec.fused], -1).to(torch.bfloat16)))
+            if spec.exit_layer:
+                parts["exit"].append((i, norm(states[spec.exit_layer][b, keep]).to(torch.bfloat16)))
+        lo = hi
+    return {name: torch.cat([t for _, t in sorted(found, key=lambda x: x[0])]) for name, found in parts.items()}
+
+
+def _length(row: dict) -> int:
+    return len(row["prompt_ids"]) + len(row["answer_ids"])
+
+
+def states_file(cache: Path, shard: int, spec: StateSpec) -> Path:
+    return cache / f"shard-{shard:05d}.states-{spec.key()}.safetensors"
+
+
+def ensure_states(cache: Path, shard: int, rows: Sequence[dict], spec: StateSpec,
+                  loader: Callable[[], torch.nn.Module]) -> Path:
+    """The shard's states file, computed once per machine (written whole, then renamed)."""
+    from safetensors.torch import save_file
+
+    path = states_file(cache, shard, spec)
+    if path.is_file():
+        return path
+    start = time.perf_counter()
+    states = compute_states(loader(), rows, spec)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in states.items()}, str(tmp))
+    tmp.replace(path)
+    tokens = sum(_length(r) for r in rows)
+    print(f"specbench: target states of corpus shard {shard}: {tokens} tokens in {time.perf_counter() - start:.0f} s",
+          file=sys.stderr, flush=True)
+    return path
+
+
+class Ragged:
+    """Rows of stored states, indexed as a padded (rows, length, width) float32 tensor would be."""
+
+    def __init__(self, data: torch.Tensor, base: torch.Tensor, first: torch.Tensor, length: torch.Tensor) -> None:
+        self.data = data  # (N, width): row r's position t at base[r] + t - first[r], for first[r] <= t < length[r]
+        self.base, self.first, self.length = base, first, length
+        self.shape = (len(base), int(length.max()) if len(length) else 0, int(data.shape[1]))
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        rows, cols = index
+        rows = torch.as_tensor(rows)
+        if isinstance(cols, slice):
+            cols = torch.arange(cols.start or 0, cols.stop if cols.stop is not None else self.shape[1])
+            if rows.dim() == 0:
+                rows = rows.expand(len(cols))
+        rows, cols = torch.broadcast_tensors(rows, torch.as_tensor(cols))
+        ok = (cols >= self.first[rows]) & (cols < self.length[rows])
+        flat = (self.base[rows] + cols - self.first[rows]).clamp(0, max(len(self.data) - 1, 0))
+        out = self.data[flat].float()
+        return out * ok[..., None]
+
+
+def ragged(selected: Sequence[tuple[int, int]], shard_rows: dict[int, Sequence[dict]],
+           shard_states: dict[int, torch.Tensor]) -> Ragged:
+    """`Ragged` over the rows `selected` ((shard, row index) pairs, in the order wanted), the states
+    of each shard's rows flat in `shard_states[shard]` (as `compute_states` wrote them)."""
+    shards = sorted(shard_states)
+    offset, starts = 0, {}
+    for shard in shards:
+        sizes = torch.tensor([_length(r) - kept_from(len(r["prompt_ids"])) for r in shard_rows[shard]])
+        if int(sizes.sum()) != len(shard_states[shard]):
+            raise RuntimeError(f"shard {shard}'s states hold {len(shard_states[shard])} positions, "
+                               f"its rows {int(sizes.sum())}: delete the states file (it is recomputed)")
+        starts[shard] = offset + torch.cumsum(sizes, 0) - sizes
+        offset += len(shard_states[shard])
+    data = torch.cat([shard_states[s] for s in shards]) if len(shards) > 1 else shard_states[shards[0]]
+    rows = [shard_rows[s][i] for s, i in selected]
+    first = torch.tensor([kept_from(len(r["prompt_ids"])) for r in rows])
+    length = torch.tensor([_length(r) for r in rows])
+    base = torch.stack([starts[s][i] for s, i in selected]) if selected else torch.zeros(0, dtype=torch.long)
+    return Ragged(data, base, first, length)

@@ -1,0 +1,149 @@
+"""Drafts trained on a kit's corpus (specbench.kit.distill): the top-k KL, batches that use every
+row once an epoch, held-out chain acceptance computed exactly, a draft started from the target's
+own blocks, and training that lowers the held-out loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specbench.kit import distill
+from specbench.models import load_model
+
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+
+
+def test_the_topk_kl_is_the_full_kl_when_k_is_the_vocabulary_and_never_negative():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(6, 11), torch.randn(6, 11)
+    t_logp = torch.log_softmax(teacher, -1)
+    full = (t_logp.exp() * (t_logp - torch.log_softmax(student, -1))).sum(-1)
+    top = t_logp.topk(11, -1)
+    assert torch.allclose(distill.kd_topk(student, top.indices, top.values), full, atol=1e-4)
+    small = t_logp.topk(3, -1)
+    assert (distill.kd_topk(student, small.indices, small.values) >= -1e-6).all()
+    assert distill.kd_topk(teacher, small.indices, small.values).abs().max() < 1e-4  # the teacher itself: 0
+
+
+def test_an_epoch_batches_every_row_once_within_the_token_budget():
+    lengths = [5, 300, 40, 41, 39, 200, 7, 120, 90, 10] * 7
+    for epoch in range(2):
+        plan = distill.batches(lengths, 400, seed=1, epoch=epoch)
+        assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 400 for b in plan)
+    assert distill.batches(lengths, 400, 1, 0) != distill.batches(lengths, 400, 1, 1)
+
+
+class Copycat(torch.nn.Module):
+    """A 'draft' whose greedy token at each position is a fixed table's: lets a test set which
+    positions match the target."""
+
+    def __init__(self, vocab: int, next_of: dict[int, int]):
+        super().__init__()
+        self.vocab, self.next_of = vocab, next_of
+
+    def get_decoder(self):
+        parent = self
+
+        class Decoder(torch.nn.Module):
+            def forward(self, input_ids):
+                out = torch.nn.functional.one_hot(input_ids, parent.vocab).float()
+                return type("Out", (), {"last_hidden_state": out})()
+
+        return Decoder()
+
+    def get_output_embeddings(self):
+        table = torch.full((self.vocab, self.vocab), -10.0)
+        for a, b in self.next_of.items():
+            table[b, a] = 10.0
+        return lambda h: h @ table.T
+
+
+def test_held_out_chain_acceptance_counts_runs_of_matches_from_every_position():
+    # answer 1 2 3 4 5 after prompt 9: the target's top-1 at each answer position is the answer token
+    # (greedy row); the copycat predicts 1->2, 2->3 right and 3->7 wrong, 4->5 right.
+    row = {"prompt_ids": [9], "answer_ids": [1, 2, 3, 4, 5], "temperature": 0}
+    soft_ids = torch.tensor([[1], [2], [3], [4], [5]], dtype=torch.int32)
+    held = distill.Rows.of([row], [(soft_ids, torch.zeros(5, 1, dtype=torch.float16))])
+    model = Copycat(10, {9: 1, 1: 2, 2: 3, 3: 7, 4: 5})
+    ev = distill.evaluate(model, held, 0, chain=3, tokens=0, compute_dtype=None)
+    # matches per position: 9->1 yes, 1->2 yes, 2->3 yes, 3->4 no, 4->5 yes: runs 3, 2, 1, 0, 1 (capped at 3)
+    assert ev.agreement == pytest.approx(4 / 5)
+    assert ev.depth == pytest.approx([4 / 5, 2 / 5, 1 / 5])
+    assert ev.mean_accepted == pytest.approx(1 + 7 / 5)
+    sampled = distill.Rows.of([{**row, "temperature": 0.8}], [(soft_ids, torch.zeros(5, 1, dtype=torch.float16))])
+    assert distill.evaluate(model, sampled, 0, chain=3, tokens=0, compute_dtype=None).depth == [0.0] * 3
+
+
+def test_a_draft_from_all_of_the_targets_blocks_is_the_target(tiny_models):
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    ids = torch.tensor([[3, 17, 29, 5, 8]])
+    whole = distill.draft_from_target(target, target.config.num_hidden_layers)
+    assert torch.allclose(whole(input_ids=ids).logits, target(input_ids=ids).logits, atol=1e-5)
+    one = distill.draft_from_target(target, 1)
+    assert one.config.num_hidden_layers == 1 and len(one.model.layers) == 1
+    assert torch.equal(one.get_input_embeddings().weight, target.get_input_embeddings().weight)
+
+
+def test_training_on_the_targets_answers_lowers_the_held_out_kl(tiny_models):
+    loaded = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32)
+    import copy
+
+    tok = loaded.tokenizer
+    target = copy.deepcopy(loaded.model)  # made peaky: a random model's next-token distribution is near uniform
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(40.0)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.no_grad():
+        for _ in range(24):
+            prompt = torch.randint(5, len(tok), (6,), generator=gen).tolist()
+            answer = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                                     pad_token_id=tok.pad_token_id)[0, 6:].tolist()
+            rows.append({"prompt_ids": prompt, "answer_ids": answer, "temperature": 0})
+    from specbench.kit.corpus import teacher_topk
+
+    soft = [(g.topk_ids, g.topk_logp) for g in teacher_topk(target, rows, 8)]
+    train, held = distill.Rows.of(rows[:20], soft[:20]), distill.Rows.of(rows[20:], soft[20:])
+    from specbench.zoo.train import make_model
+
+    arch = OmegaConf.create({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                             "num_attention_heads": 2, "num_key_value_heads": 2})
+    draft = make_model(arch, tok, 128, 0, 20)  # a fresh random draft: far from the target at first
+    cfg = OmegaConf.create({"epochs": 8, "batch_tokens": 64, "evaluations": 2, "chain": 3, "lr": 1e-2,
+                            "min_lr_ratio": 0.1, "warmup_steps": 2, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95,
+                            "grad_clip": 1.0, "kd_alpha": 0.9})
+    stats = distill.train_draft(draft, train, held, cfg, pad_id=tok.pad_token_id, seed=0, desc="test draft",
+                                compute_dtype=None)
+    assert len(stats.curve) == 3 and stats.curve[-1].tokens == stats.tokens
+    assert stats.curve[-1].kd < 0.97 * stats.curve[0].kd  # (a 1-layer, 32-wide draft on random prompts)
+    assert stats.curve[-1].agreement > stats.curve[0].agreement
+    assert stats.tokens == 8 * train.answer_tokens
+
+
+def test_ragged_states_index_like_the_padded_states_where_kept(tiny_models, monkeypatch):
+    from specbench.kit import features as kf
+
+    monkeypatch.setattr(kf, "CONTEXT", 2)
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    gen = torch.Generator().manual_seed(1)
+    rows = [{"prompt_ids": torch.randint(5, 300, (p,), generator=gen).tolist(),
+             "answer_ids": torch.randint(5, 300, (a,), generator=gen).tolist()} for p, a in ((6, 4), (2, 7), (9, 1))]
+    spec = kf.StateSpec(final=True, fused=(0, 1), exit_layer=1)
+    flat = kf.compute_states(target, rows, spec, batch_tokens=16)
+    view = kf.ragged([(0, 2), (0, 0)], {0: rows}, {0: flat["final"]})
+    for b, r in enumerate((2, 0)):
+        seq = torch.tensor([rows[r]["prompt_ids"] + rows[r]["answer_ids"]])
+        with torch.no_grad():
+            states = target(input_ids=seq, output_hidden_states=True).hidden_states
+        first = max(0, len(rows[r]["prompt_ids"]) - 2)
+        got = view[torch.tensor(b), slice(0, view.shape[1])]
+        assert torch.allclose(got[first:seq.shape[1]], states[-1][0, first:].to(torch.bfloat16).float())
+        assert not got[:first].any() and not got[seq.shape[1]:].any()
+    # gathers of (row, position) pairs and broadcast windows read the same values
+    pairs = view[torch.tensor([0, 1, 1]), torch.tensor([8, 5, 0])]
+    assert torch.equal(pairs[0], view[torch.tensor(0), slice(0, 12)][8]) and not pairs[2].any()
+    width = target.config.hidden_size
+    assert view[torch.tensor([[0], [1]]), torch.arange(3)[None] + 7].shape == (2, 3, width)
+    assert flat["fused"].shape[-1] == 2 * width and len(flat["exit"]) == len(flat["final"])
