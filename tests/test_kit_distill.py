@@ -147,3 +147,23 @@ def test_ragged_states_index_like_the_padded_states_where_kept(tiny_models, monk
     width = target.config.hidden_size
     assert view[torch.tensor([[0], [1]]), torch.arange(3)[None] + 7].shape == (2, 3, width)
     assert flat["fused"].shape[-1] == 2 * width and len(flat["exit"]) == len(flat["final"])
+
+
+def test_heads_on_a_corpus_learn_only_where_drafting_starts_and_window_near_the_answers():
+    from specbench.heads.train import Features
+    from specbench.kit.heads import padded_rows, steps_for
+
+    rows = [{"prompt_ids": [7] * 40, "answer_ids": [8] * 10}, {"prompt_ids": [7] * 3, "answer_ids": [9] * 30}]
+    # (row 0's answer starts at 40: drafting from 39 on; row 1's at 3)
+    ids, valid, loss = padded_rows(rows, 0)
+    assert loss[0].nonzero().flatten().tolist() == list(range(39, 49))  # last prompt token .. last but one
+    assert loss[1].nonzero().flatten().tolist() == list(range(2, 32))
+    assert valid.sum(1).tolist() == [50, 33] and not (loss & ~valid).any()
+    data = Features(ids, valid, torch.zeros(2, 50, 4), loss=loss)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        s = data.window_starts(torch.tensor([0, 1]), 16, gen)
+        assert s[0] == 34  # a quarter of the window before the answer (35), kept inside the padded row
+        assert 0 <= s[1] <= 33 - 16
+    assert steps_for({"epochs": 2, "lr": 1.0}, 1000, 300) == {"steps": 7, "lr": 1.0}
+    assert steps_for({"steps": 5}, 1000, 300) == {"steps": 5}

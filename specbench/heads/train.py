@@ -64,10 +64,26 @@ class Features:
     valid: torch.Tensor  # (rows, L) bool: real tokens (not padding)
     features: torch.Tensor  # (rows, L, d) float32
     fused: torch.Tensor | None = None  # (rows, L, 3d) float32: EAGLE-3's low, middle, high states, when asked
+    #: (rows, L) bool: the positions drafting starts from (a kit's corpus: the last prompt token and the
+    #: answer's, so that every loss is on answer tokens); None: every real token (the zoo's packed rows)
+    loss: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.valid.sum())
+
+    def window_starts(self, rows: torch.Tensor, span: int, gen: torch.Generator) -> torch.Tensor:
+        """Where windows of `span` positions start in `rows`: anywhere in the real tokens, or with a
+        loss mask, from a little before the first drafting position (some prompt as context) on."""
+        lengths = self.valid[rows].sum(1)
+        if self.loss is None:
+            top = (lengths - span).clamp(min=0)
+            return (torch.rand(len(rows), generator=gen) * (top + 1)).long()
+        first = self.loss[rows].float().argmax(1)
+        room = max(0, self.input_ids.shape[1] - span)  # windows stay inside the padded rows
+        lo = (first - span // 4).clamp(0, room)
+        hi = torch.maximum(lo, lengths - span).clamp(max=room)
+        return lo + (torch.rand(len(rows), generator=gen) * (hi - lo + 1)).long()
 
 
 @torch.no_grad()  # not inference_mode: the features feed autograd later
@@ -170,6 +186,8 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
     ok = torch.stack([torch.roll(data.valid, -(k + 2), dims=1) for k in range(num_heads)], dim=-1).all(-1)
     ok[:, max(0, L - num_heads - 1) :] = False  # (rolled targets wrap around: never past the row)
     ok &= data.valid
+    if data.loss is not None:
+        ok &= data.loss
     where = ok.nonzero()
     if not len(where):
         raise SpecbenchError(f"Medusa training needs documents of at least {num_heads + 2} tokens (each head "
@@ -221,6 +239,8 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
     # Positions t whose tokens t+1 .. t+K+1 are all real (packed rows pad only at the end).
     ok = torch.stack([torch.roll(data.valid, -s, dims=1) for s in range(num_heads + 2)], dim=-1).all(-1)
     ok[:, max(0, L - num_heads - 1) :] = False  # (rolled values wrap around: never past the row)
+    if data.loss is not None:
+        ok &= data.loss
     where = ok.nonzero()
     if not len(where):
         raise SpecbenchError(f"Hydra training needs documents of at least {num_heads + 2} tokens (each head "
@@ -298,7 +318,7 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
     distribution at the same position (distillation), through the frozen LM head."""
     torch.manual_seed(seed)
     head = ExitHead(int(lm_head.weight.shape[1]), exit_layer, num_layers)
-    where = data.valid.nonzero()
+    where = (data.valid if data.loss is None else data.valid & data.loss).nonzero()
     if not len(where):
         raise SpecbenchError("PPD exit-head training needs at least one real token")
     gen = torch.Generator().manual_seed(seed)
@@ -363,9 +383,12 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
             for group in opt.param_groups:
                 group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
             picked = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
-            ids, teachers, masks, positions, pred_rows, teach_rows = [], [], [], [], [], []
+            ids, teachers, masks, positions, pred_rows, teach_rows, drafted = [], [], [], [], [], [], []
             for r in picked.tolist():
-                offset = int(torch.randint(int(lengths[r]) - window + 1, (1,), generator=gen))
+                if data.loss is None:
+                    offset = int(torch.randint(int(lengths[r]) - window + 1, (1,), generator=gen))
+                else:
+                    offset = int(data.window_starts(torch.tensor([r]), window, gen)[0])
                 ids.append(data.input_ids[r, offset : offset + window])
                 with torch.no_grad():
                     teachers.append(lm_head(data.features[r, offset : offset + window]).float())
@@ -378,6 +401,9 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
                 pred_rows.append(torch.cat([torch.arange(window - 1), slots.T.flatten()]))
                 teach_rows.append(torch.cat([torch.arange(window - 1),
                                              (at[None, :] + 1 + torch.arange(block - 1)[:, None]).flatten()]))
+                if data.loss is not None:  # each prediction's drafting position: its own row, a slot's cut
+                    at_rows = torch.cat([torch.arange(window - 1), at.repeat(block - 1)])
+                    drafted.append(data.loss[r, offset + at_rows].float())
             ids_t = torch.stack(ids)
             x = torch.cat([embed(ids_t), queries.embeddings[None, None].expand(len(ids), cuts, -1, -1)
                            .reshape(len(ids), cuts * (block - 1), hidden)], dim=1)
@@ -389,7 +415,12 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
             pred = torch.stack(pred_rows)
             logp = torch.log_softmax(logits[rows, pred].float()[..., :vocab], dim=-1)
             teacher = torch.stack(teachers)[rows, torch.stack(teach_rows)]
-            loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
+            per = -(torch.softmax(teacher, dim=-1) * logp).sum(-1)
+            if data.loss is None:
+                loss = per.mean()
+            else:
+                weight = torch.stack(drafted)
+                loss = (per * weight).sum() / weight.sum().clamp(min=1.0)
             _update(opt, loss, params)
             if step >= steps * 3 // 4:
                 agree = (logp.detach().argmax(-1) == teacher.argmax(-1)).float()
@@ -427,7 +458,8 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
         raise SpecbenchError("EAGLE-3 training needs three fused target states per token "
                              "(collect_features(layers=...))")
     head = Eagle3Head(head_config_for(target_config, num_layers=1), size, vocab, tuple(layers) if layers else None)
-    counts = torch.bincount(data.input_ids[data.valid].flatten(), minlength=vocab)[:vocab]
+    drafted = data.valid if data.loss is None else torch.roll(data.loss, 1, dims=1)  # the tokens drafts are of
+    counts = torch.bincount(data.input_ids[drafted].flatten(), minlength=vocab)[:vocab]
     head.set_vocabulary(torch.sort(-counts.float(), stable=True).indices[:size])
     ids_map = head.target_ids()
     with torch.no_grad():
@@ -455,8 +487,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
             for group in opt.param_groups:
                 group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
             r = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
-            top = (lengths[r] - window - ttt_steps - 1).clamp(min=0)
-            s = (torch.rand(batch_rows, generator=gen) * (top + 1)).long()
+            s = data.window_starts(r, window + ttt_steps + 1, gen)
             idx = s[:, None] + torch.arange(window + ttt_steps + 1)[None]
             ids, valid = data.input_ids[r[:, None], idx], data.valid[r[:, None], idx]
             h = data.fused[r[:, None], idx[:, :window]]
@@ -472,6 +503,8 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                 out = head(emb, h, positions, cache, attend)
                 logp = torch.log_softmax(head.draft_logits(out).float(), dim=-1)
                 mask = valid[:, :window] & valid[:, 2 + j : 2 + j + window]
+                if data.loss is not None:
+                    mask &= data.loss[r[:, None], idx[:, :window]]
                 if mask.any():
                     loss = loss + step_decay**j * (-(teacher_p * logp).sum(-1)[mask].mean())
                     if step >= steps * 3 // 4:
@@ -526,8 +559,7 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
             group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
         r = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
         # A window starting at a random position, inside the real tokens of each row where possible.
-        top = (lengths[r] - window - 1).clamp(min=0)
-        s = (torch.rand(batch_rows, generator=gen) * (top + 1)).long()
+        s = data.window_starts(r, window + 1, gen)
         idx = s[:, None] + torch.arange(window + 1)[None]  # window + 1 positions: inputs and targets
         ids = data.input_ids[r[:, None], idx]
         feats = data.features[r[:, None], idx]
@@ -541,6 +573,8 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
         positions = s[:, None] + torch.arange(window)[None]
         pred = head(x_emb, x_feat, positions)
         mask = valid[:, 1:] & valid[:, :-1]
+        if data.loss is not None:
+            mask &= data.loss[r[:, None], idx[:, :-1]]
         reg = F.smooth_l1_loss(pred, y_feat, reduction="none").mean(-1)[mask].mean()
         # Cross-entropy to the target's next-token distribution on a random subset of positions.
         ce_mask = mask & (torch.rand(mask.shape, generator=gen) < ce_fraction)

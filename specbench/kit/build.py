@@ -122,7 +122,9 @@ def trained_dir(kit: DictConfig, cls: type, settings: Any, method: str) -> Path:
 
 def ensure_trained(kit: DictConfig, method: str) -> Path:
     """The head of `method` for the kit's target, trained on the kit's corpus the first time."""
-    from specbench.heads.recipe import PART_CARD, HeadData, train_part
+    from specbench.heads.recipe import PART_CARD, train_part
+
+    CorpusHeadData = _corpus_head_data()  # noqa: N806 - a class
 
     cls, settings = kit_recipe(kit, method)
     final = trained_dir(kit, cls, settings, method)
@@ -135,18 +137,35 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
         try:
             torch.set_num_threads(int(kit.build.threads))
             target = _load_target(kit, torch.float32)
-            tok = target.tokenizer
-            rows = corpus_rows(split_rows(kit, read_corpus(corpus))[0],
-                               tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-            data = HeadData(target=target.model, tokenizer=tok, input_ids=rows.input_ids, valid=rows.labels != -100,
-                            base=f"{kit.name}:target", label=kit.name, seed=int(kit.build.seed),
-                            draft=lambda: _load_draft(kit))
+            states = corpus_states(kit, split_rows(kit, read_corpus(corpus))[0], target)
+            data = CorpusHeadData(target=target.model, tokenizer=target.tokenizer, input_ids=torch.zeros(0, 0),
+                                  valid=torch.zeros(0, 0, dtype=torch.bool), base=f"{kit.name}:target",
+                                  label=kit.name, seed=int(kit.build.seed), draft=lambda: _load_draft(kit),
+                                  states=states)
             train_part(cls, settings, data, tmp, method)
         finally:
             torch.set_num_threads(threads)
 
     return build_once(final, PART_CARD, build,
                       f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)")
+
+
+def _corpus_head_data() -> type:
+    from dataclasses import dataclass
+
+    from specbench.heads.recipe import HeadData
+
+    @dataclass
+    class CorpusHeadData(HeadData):
+        """A recipe's data on a kit's corpus: every training row's states (specbench.kit.heads),
+        whatever `tokens` the recipe asks for; losses on answer tokens."""
+
+        states: Any = None
+
+        def features(self, tokens: int, layers: tuple[int, ...] | None = None) -> Any:
+            return self.states.features(fused=bool(layers))
+
+    return CorpusHeadData
 
 
 def _load_draft(kit: DictConfig) -> torch.nn.Module:
@@ -310,25 +329,6 @@ def build_datastore(kit: DictConfig, inputs: dict, out: Path) -> dict:
     return {"documents": len(docs), "tokens": sum(map(len, docs))}
 
 
-def corpus_rows(rows: list[dict], pad_id: int) -> Any:
-    """The corpus as training rows (one conversation per row, padded): loss and features on every
-    real token (prompts are text the drafters read and copy from too); `assistant` marks the answers,
-    where speculative decoding drafts and where agreement is measured."""
-    from specbench.zoo.data import Packed
-
-    seqs = [r["prompt_ids"] + r["answer_ids"] for r in rows]
-    width = max(map(len, seqs))
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    assistant = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, (row, seq) in enumerate(zip(rows, seqs, strict=True)):
-        p = len(row["prompt_ids"])
-        input_ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, : len(seq)] = input_ids[i, : len(seq)]
-        assistant[i, p : len(seq)] = True
-    return Packed(input_ids, labels, assistant, int((labels != -100).sum()), 0)
-
-
 def split_rows(kit: DictConfig, rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """Training rows and the held-out rows every card's agreement is measured on (each row's mark)."""
     return [r for r in rows if not r["heldout"]], [r for r in rows if r["heldout"]]
@@ -416,27 +416,49 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     return card
 
 
+def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:
+    """The target's states over `rows` of the kit's corpus for its heads (specbench.kit.heads):
+    the final-norm state, EAGLE-3's fused layers and PPD's exit state, per shard, computed once per
+    machine (in the corpus's dtype) beside the shards in the cache."""
+    from specbench.heads.eagle3 import feature_layers
+    from specbench.kit.corpus import read_rows
+    from specbench.kit.features import StateSpec
+    from specbench.kit.heads import CorpusStates
+
+    settings, place = corpus_place(kit)
+    heads = kit.build.heads
+    n_layers = int(target.model.config.num_hidden_layers)
+    exit_layer = heads.ppd.get("exit_layer") or n_layers // 2
+    spec = StateSpec(final=True, fused=tuple(feature_layers(n_layers, heads.eagle3.get("layers"))),
+                     exit_layer=int(exit_layer))
+    shard_rows = {shard: read_rows(place.rows_file(shard)) for shard in sorted({int(r["shard"]) for r in rows})}
+    loaded: list[Any] = []
+
+    def loader() -> torch.nn.Module:
+        if not loaded:
+            loaded.append(_load_target(kit, build_dtype(settings.dtype)).model)
+        return loaded[0]
+
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return CorpusStates(rows, shard_rows, place.cache, spec, loader, pad)
+
+
 def build_heads(kit: DictConfig, inputs: dict, out: Path) -> dict:
     """EAGLE, EAGLE-3, Medusa, PPD and SpecDec's drafter (from the kit's distilled draft), the
-    target frozen: the zoo's head training (specbench.heads.train.zoo_stage) on the target's answers."""
+    target frozen, on every training row of the corpus with losses on answer tokens
+    (specbench.kit.heads: the zoo's training loops over the shards' stored target states)."""
     from transformers import AutoModelForCausalLM
 
-    from specbench.heads.train import zoo_stage
-    from specbench.zoo.build import BuildContext
+    from specbench.kit.heads import train_heads
 
     target = _load_target(kit, torch.float32)
-    tok = target.tokenizer
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    cfg = OmegaConf.create({"seed": int(kit.build.seed), "heads": OmegaConf.to_container(kit.build.heads)})
-    ctx = BuildContext(cfg=cfg, out=out, zoo_hash="")
-    ctx.state.update({
-        "target": target.model, "tokenizer": tok, "train_rows": corpus_rows(rows, pad),
-        "draft": AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval(),
-        "target_spec": f"{kit.name}:target", "label": kit.name,
-    })
-    zoo_stage(ctx)
-    return {"heads": ctx.card["heads"], "train_rows": len(rows)}
+    states = corpus_states(kit, rows, target)
+    draft = AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval()
+    card = train_heads(OmegaConf.to_container(kit.build.heads, resolve=True), states, target.model, target.tokenizer,
+                       draft, f"{kit.name}:target", str(kit.name), int(kit.build.seed), out)
+    return {"heads": card, "train_rows": len(rows), "heldout_rows": len(held)}
 
 
 BUILDERS: dict[str, Callable[[DictConfig, dict, Path], dict]] = {

@@ -1,0 +1,164 @@
+"""A kit's heads trained on its whole corpus: the target's states per shard (specbench.kit.features),
+every training row, losses on answer tokens only, steps from epochs.
+
+The training loops are the zoo's (specbench.heads.train) given the corpus as `Features` whose
+states are `Ragged` views of the shards' stored states and whose `loss` mask marks the positions
+drafting starts from (the last prompt token and the answer's), so every loss is on answer tokens
+and every window starts near an answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specbench.heads.train import Features
+from specbench.kit.features import StateSpec, ensure_states, ragged
+
+
+def padded_rows(rows: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, valid, loss) of `rows` as (rows, L) tensors: the real tokens, and the positions
+    drafting starts from (from the last prompt token to the last but one)."""
+    width = max(len(r["prompt_ids"]) + len(r["answer_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    loss = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        seq = r["prompt_ids"] + r["answer_ids"]
+        ids[i, :len(seq)] = torch.tensor(seq)
+        valid[i, :len(seq)] = True
+        loss[i, len(r["prompt_ids"]) - 1:len(seq) - 1] = True
+    return ids, valid, loss
+
+
+@dataclass
+class CorpusStates:
+    """The states of `spec` over a kit's corpus rows `rows` (corpus.jsonl rows: shard and row index),
+    each shard's computed once per machine into `cache` by `loader`'s target."""
+
+    rows: Sequence[dict]
+    shard_rows: dict[int, list[dict]]
+    cache: Any
+    spec: StateSpec
+    loader: Callable[[], torch.nn.Module]
+    pad_id: int
+    _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def ensure(self) -> None:
+        for shard, rows in sorted(self.shard_rows.items()):
+            ensure_states(self.cache, shard, rows, self.spec, self.loader)
+
+    def view(self, name: str) -> Any:
+        """The `Ragged` states `name` (final, fused, exit) of the rows, loaded shard by shard."""
+        from safetensors import safe_open
+
+        if name not in self._tensors:
+            self.ensure()
+            from specbench.kit.features import states_file
+
+            parts = {}
+            for shard in sorted(self.shard_rows):
+                with safe_open(str(states_file(self.cache, shard, self.spec)), framework="pt") as fh:
+                    parts[shard] = fh.get_tensor(name)
+            self._tensors[name] = ragged([(int(r["shard"]), int(r["row"])) for r in self.rows], self.shard_rows,
+                                         parts)
+        return self._tensors[name]
+
+    def release(self, name: str) -> None:
+        self._tensors.pop(name, None)
+
+    def features(self, *, fused: bool = False) -> Features:
+        ids, valid, loss = padded_rows(self.rows, self.pad_id)
+        return Features(ids, valid, self.view("final"), self.view("fused") if fused else None, loss=loss)
+
+    @property
+    def drafting_positions(self) -> int:
+        return sum(len(r["answer_ids"]) for r in self.rows)
+
+
+def steps_for(section: dict, positions: int, per_step: int) -> dict:
+    """The section with `epochs` turned into optimiser steps over `positions` drafting positions,
+    `per_step` of them a step (a section without `epochs` keeps its `steps`)."""
+    out = dict(section)
+    epochs = out.pop("epochs", None)
+    if epochs is not None:
+        out["steps"] = max(1, math.ceil(float(epochs) * positions / per_step))
+    return out
+
+
+def train_heads(cfg: dict, states: CorpusStates, target: torch.nn.Module, tokenizer: Any,
+                draft: torch.nn.Module, base: str, label: str, seed: int, out: Any) -> dict:
+    """EAGLE, EAGLE-3, Medusa, PPD's exit head and SpecDec's drafter on every training row of the
+    corpus (`cfg`: the kit's `build.heads`, each section's `epochs` as steps), saved into `out`;
+    the card's stats."""
+    import time
+
+    from specbench.heads.eagle import save_eagle
+    from specbench.heads.eagle3 import save_eagle3
+    from specbench.heads.exit import save_exit_head
+    from specbench.heads.medusa import save_medusa
+    from specbench.heads.specdec import save_specdec
+    from specbench.heads.train import (
+        train_eagle,
+        train_eagle3,
+        train_exit_head,
+        train_medusa,
+        train_specdec,
+    )
+
+    positions = states.drafting_positions
+    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
+    card: dict[str, Any] = {"rows": len(states.rows), "drafting_positions": positions, "seconds": {}}
+
+    def timed(name: str, run: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        result = run()
+        card["seconds"][name] = round(time.perf_counter() - start, 1)
+        return result
+
+    timed("states", states.ensure)
+    data = states.features()
+    medusa_cfg = steps_for(cfg["medusa"], positions, int(cfg["medusa"].get("batch_positions", 1024)))
+    medusa, stats = timed("medusa", lambda: train_medusa(data, lm_head, **medusa_cfg, seed=seed + 5,
+                                                         desc=f"{label} medusa head"))
+    save_medusa(medusa, out / "medusa", base)
+    card["medusa"] = {"params": sum(p.numel() for p in medusa.parameters()), **medusa_cfg, **stats.as_dict()}
+    eagle_cfg = steps_for(cfg["eagle"], positions, int(cfg["eagle"]["batch_rows"]) * int(cfg["eagle"]["window"]))
+    eagle, stats = timed("eagle", lambda: train_eagle(data, embed, lm_head, target.config, **eagle_cfg, seed=seed + 6,
+                                                      desc=f"{label} eagle head"))
+    save_eagle(eagle, out / "eagle", base)
+    card["eagle"] = {"params": sum(p.numel() for p in eagle.parameters()), **eagle_cfg, **stats.as_dict()}
+    exit_layer = states.spec.exit_layer
+    ppd_cfg = {k: v for k, v in steps_for(cfg["ppd"], positions, int(cfg["ppd"].get("batch_positions", 1024))).items()
+               if k != "exit_layer"}
+    n_layers = int(target.config.num_hidden_layers)
+    ppd, stats = timed("ppd", lambda: train_exit_head(data, states.view("exit"), lm_head, exit_layer=exit_layer,
+                                                      num_layers=n_layers, **ppd_cfg, seed=seed + 8,
+                                                      desc=f"{label} ppd exit head"))
+    states.release("exit")
+    save_exit_head(ppd, out / "ppd", int(lm_head.weight.shape[0]), base)
+    card["ppd"] = {"params": sum(p.numel() for p in ppd.parameters()), "exit_layer": exit_layer, **ppd_cfg,
+                   **stats.as_dict()}
+    fused = states.features(fused=True)
+    eagle3_cfg = {k: v for k, v in steps_for(cfg["eagle3"], positions,
+                                             int(cfg["eagle3"]["batch_rows"]) * int(cfg["eagle3"]["window"])).items()
+                  if k != "layers"}
+    eagle3, stats = timed("eagle3", lambda: train_eagle3(fused, embed, lm_head, target.config, **eagle3_cfg,
+                                                         layers=list(states.spec.fused), seed=seed + 9,
+                                                         desc=f"{label} eagle3 head"))
+    states.release("fused")
+    save_eagle3(eagle3, out / "eagle3", base)
+    card["eagle3"] = {"params": sum(p.numel() for p in eagle3.parameters()), "draft_vocab": eagle3.draft_vocab_size,
+                      **eagle3_cfg, **stats.as_dict()}
+    specdec_cfg = steps_for(cfg["specdec"], positions,
+                            int(cfg["specdec"]["batch_rows"]) * int(cfg["specdec"]["window"]))
+    specdec, queries, stats = timed("specdec", lambda: train_specdec(data, draft, lm_head, **specdec_cfg,
+                                                                     seed=seed + 10, desc=f"{label} specdec drafter"))
+    save_specdec(specdec, queries, tokenizer, out / "specdec", int(lm_head.weight.shape[0]), base)
+    card["specdec"] = {"params": sum(p.numel() for p in specdec.parameters()) + queries.embeddings.numel(),
+                       "block": queries.block, **specdec_cfg, **stats.as_dict()}
+    return card
