@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: 
 TINY = {
     "name": "testkit", "title": "Test kit", "source": "pypi",
     "build": {
-        "threads": 1, "seed": 0, "heldout_fraction": 0.25,
+        "threads": 1, "seed": 0, "heldout_fraction": 0.4,
         "corpus": {"shards": 2, "seed": 3, "max_new_tokens": 12, "turn_tokens": 8, "sampled": 0.5,
                    "temperatures": [0.8], "top_p": 0.95, "topk": 4, "batch_size": 4, "dtype": "float32",
                    "per_shard": {"instruct": 2, "hinted": 2, "math": 3, "foreign": 3, "summarize": 1, "rag": 1,
@@ -74,6 +74,11 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
         folder = build.ensure_group(kit, group)
         card = json.loads((folder / build.CARD).read_text())
         assert card["group"] == group and card["build_seconds"] >= 0 and card["settings"]["code"]
+    assert 0 < sum(r["heldout"] for r in rows) < len(rows)
+    heads = json.loads((build.group_dir(kit, "heads") / build.CARD).read_text())["heads"]
+    assert heads["drafting_positions"] == sum(len(r["answer_ids"]) for r in rows if not r["heldout"])
+    for name, depths in (("medusa", 2), ("eagle", 1), ("eagle3", 1), ("ppd", 1)):  # measured on held-out rows
+        assert len(heads[name]["heldout_top1"]) == depths and all(0 <= v <= 1 for v in heads[name]["heldout_top1"])
     drafts = json.loads((build.group_dir(kit, "drafts") / build.CARD).read_text())
     assert 0 <= drafts["draft"]["heldout_agreement"] <= 1
     assert drafts["heldout_rows"] == sum(r["heldout"] for r in rows) and drafts["train_rows"] == len(rows) - sum(

@@ -454,10 +454,10 @@ def build_heads(kit: DictConfig, inputs: dict, out: Path) -> dict:
 
     target = _load_target(kit, torch.float32)
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
-    states = corpus_states(kit, rows, target)
+    states, held_states = corpus_states(kit, rows, target), corpus_states(kit, held, target)
     draft = AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval()
-    card = train_heads(OmegaConf.to_container(kit.build.heads, resolve=True), states, target.model, target.tokenizer,
-                       draft, f"{kit.name}:target", str(kit.name), int(kit.build.seed), out)
+    card = train_heads(OmegaConf.to_container(kit.build.heads, resolve=True), states, held_states, target.model,
+                       target.tokenizer, draft, f"{kit.name}:target", str(kit.name), int(kit.build.seed), out)
     return {"heads": card, "train_rows": len(rows), "heldout_rows": len(held)}
 
 

@@ -90,11 +90,11 @@ def steps_for(section: dict, positions: int, per_step: int) -> dict:
     return out
 
 
-def train_heads(cfg: dict, states: CorpusStates, target: torch.nn.Module, tokenizer: Any,
+def train_heads(cfg: dict, states: CorpusStates, held: CorpusStates, target: torch.nn.Module, tokenizer: Any,
                 draft: torch.nn.Module, base: str, label: str, seed: int, out: Any) -> dict:
     """EAGLE, EAGLE-3, Medusa, PPD's exit head and SpecDec's drafter on every training row of the
     corpus (`cfg`: the kit's `build.heads`, each section's `epochs` as steps), saved into `out`;
-    the card's stats."""
+    the card's stats, with each head's agreement on the held-out rows `held`."""
     import time
 
     from specbench.heads.eagle import save_eagle
@@ -161,4 +161,73 @@ def train_heads(cfg: dict, states: CorpusStates, target: torch.nn.Module, tokeni
     save_specdec(specdec, queries, tokenizer, out / "specdec", int(lm_head.weight.shape[0]), base)
     card["specdec"] = {"params": sum(p.numel() for p in specdec.parameters()) + queries.embeddings.numel(),
                        "block": queries.block, **specdec_cfg, **stats.as_dict()}
+    measured = timed("heldout", lambda: heldout_agreement({"medusa": medusa, "eagle": eagle, "eagle3": eagle3,
+                                                           "ppd": ppd}, held, target))
+    for name, values in measured.items():
+        card[name]["heldout_top1"] = [round(v, 4) for v in values]
     return card
+
+
+@torch.no_grad()
+def heldout_agreement(heads: dict[str, Any], held: CorpusStates, target: torch.nn.Module,
+                      max_positions: int = 40_000) -> dict[str, list[float]]:
+    """Top-1 agreement with the target at held-out drafting positions (never a training row),
+    teacher-forced: per head for Medusa and Hydra (head k: the token k + 2 ahead), the first
+    drafted token for EAGLE (its predicted feature through the LM head), EAGLE-3 (its first step,
+    on the fused states) and PPD (the exit head). Rows are read in order until `max_positions`."""
+    if not held.rows:
+        return {}
+    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
+    final = held.view("final")
+    fused = held.view("fused") if "eagle3" in heads else None
+    exits = held.view("exit") if "ppd" in heads else None
+    hits: dict[str, torch.Tensor] = {}
+    seen: dict[str, torch.Tensor] = {}
+
+    def count(name: str, depth: int, agree: torch.Tensor) -> None:
+        size = max(depth + 1, len(hits.get(name, ())))
+        for store in (hits, seen):
+            old = store.get(name, torch.zeros(0))
+            store[name] = torch.cat([old, torch.zeros(size - len(old))])
+        hits[name][depth] += float(agree.sum())
+        seen[name][depth] += agree.numel()
+
+    done = 0
+    for r, row in enumerate(held.rows):
+        if done >= max_positions:
+            break
+        p, n = len(row["prompt_ids"]), len(row["prompt_ids"]) + len(row["answer_ids"])
+        if n - p < 2:
+            continue
+        ids = torch.tensor(row["prompt_ids"] + row["answer_ids"])
+        first = max(0, p - 1 - 64)  # some prompt context for the heads that attend (kept states reach back further)
+        span = torch.arange(first, n)
+        f = final[torch.tensor(r), span]
+        choice = lm_head(f).argmax(-1)  # the target's next token after each position
+        t = torch.arange(p - 1 - first, n - 1 - first)  # drafting positions, relative to `first`
+        done += len(t)
+        if "medusa" in heads:
+            logits = heads["medusa"](f[t], lm_head)
+            for k in range(logits.shape[-2]):
+                ok = t + k + 1 < len(span)
+                count("medusa", k, logits[ok, k].argmax(-1) == choice[t[ok] + k + 1])
+        if "hydra" in heads:
+            hydra = heads["hydra"]
+            x = f[t]
+            for k in range(hydra.num_heads):
+                ok = t + k + 1 < len(span)
+                x = torch.cat([x, embed(ids[(span[0] + t + k + 1).clamp(max=n - 1)]).float()], -1)
+                count("hydra", k, hydra.head(k, x)[ok].argmax(-1) == choice[t[ok] + k + 1])
+        if "eagle" in heads:
+            pred = heads["eagle"](embed(ids[span[1:]])[None].float(), f[:-1][None], span[:-1][None])[0]
+            count("eagle", 0, lm_head(pred[t]).argmax(-1) == choice[t + 1])
+        if "eagle3" in heads and fused is not None:
+            head = heads["eagle3"]
+            h = fused[torch.tensor(r), span[:-1]]
+            out = head(embed(ids[span[1:]])[None].float(), h[None], span[:-1][None], head.new_cache())[0]
+            drafted = head.target_ids()[head.draft_logits(out[t]).argmax(-1)]
+            count("eagle3", 0, drafted == choice[t + 1])
+        if "ppd" in heads and exits is not None:
+            e = exits[torch.tensor(r), span]
+            count("ppd", 0, heads["ppd"](e[t], lm_head).argmax(-1) == choice[t])
+    return {name: (hits[name] / seen[name].clamp(min=1)).tolist() for name in hits}
