@@ -79,6 +79,8 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
     assert heads["drafting_positions"] == sum(len(r["answer_ids"]) for r in rows if not r["heldout"])
     for name, depths in (("medusa", 2), ("eagle", 1), ("eagle3", 1), ("ppd", 1)):  # measured on held-out rows
         assert len(heads[name]["heldout_top1"]) == depths and all(0 <= v <= 1 for v in heads[name]["heldout_top1"])
+    chain = heads["eagle"]["heldout_chain"]  # drafting on its own states: each depth at most the one before
+    assert len(chain) == 5 and all(1 >= a >= b >= 0 for a, b in zip(chain, chain[1:]))
     drafts = json.loads((build.group_dir(kit, "drafts") / build.CARD).read_text())
     assert 0 <= drafts["draft"]["heldout_agreement"] <= 1
     assert drafts["heldout_rows"] == sum(r["heldout"] for r in rows) and drafts["train_rows"] == len(rows) - sum(

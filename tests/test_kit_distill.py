@@ -167,3 +167,38 @@ def test_heads_on_a_corpus_learn_only_where_drafting_starts_and_window_near_the_
         assert 0 <= s[1] <= 33 - 16
     assert steps_for({"epochs": 2, "lr": 1.0}, 1000, 300) == {"steps": 7, "lr": 1.0}
     assert steps_for({"steps": 5}, 1000, 300) == {"steps": 5}
+
+
+def test_eagles_held_out_chain_is_exact_for_a_head_that_predicts_the_targets_own_states(tiny_models, tmp_path):
+    from specbench.kit.features import StateSpec
+    from specbench.kit.heads import CorpusStates, eagle_chain
+
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    with torch.no_grad():
+        for i in range(3):
+            prompt = torch.randint(5, 300, (5,), generator=gen).tolist()
+            answer = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                     min_new_tokens=12)[0, 5:].tolist()
+            rows.append({"prompt_ids": prompt, "answer_ids": answer, "temperature": 0, "shard": 0, "row": i})
+
+    class Oracle(torch.nn.Module):
+        """Predicts exactly the target's next state: runs the target on the row so far."""
+
+        row: list[int] = []
+
+        def forward(self, embeds, feats, positions):
+            lo = int(positions[0, 0])
+            drafted = embeds[0] @ target.get_input_embeddings().weight.T  # the token ids back from embeddings
+            seq = self.row[:lo + 1] + drafted.argmax(-1).tolist()
+            states = target(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1]
+            return states[:, lo + 1:]
+
+    oracle = Oracle()
+    held = CorpusStates(rows, {0: rows}, tmp_path, StateSpec(final=True), lambda: target, 0)
+    for row in rows:  # one row at a time: the oracle knows the row it is asked about
+        oracle.row = row["prompt_ids"] + row["answer_ids"]
+        one = CorpusStates([row], {0: rows}, tmp_path, StateSpec(final=True), lambda: target, 0)
+        assert eagle_chain(oracle, one, target, depth=3, context=4) == [1.0, 1.0, 1.0]
+    assert held.view("final").shape[0] == 3

@@ -165,6 +165,10 @@ def train_heads(cfg: dict, states: CorpusStates, held: CorpusStates, target: tor
                                                            "ppd": ppd}, held, target))
     for name, values in measured.items():
         card[name]["heldout_top1"] = [round(v, 4) for v in values]
+    if held.rows:  # EAGLE (and EAGLE-2's tree on it) drafting on its own states, as at run time
+        chain = timed("heldout_chain", lambda: eagle_chain(eagle, held, target))
+        card["eagle"]["heldout_chain"] = [round(v, 4) for v in chain]
+        card["eagle"]["heldout_mean_accepted_chain"] = round(1 + sum(chain), 4)
     return card
 
 
@@ -231,3 +235,38 @@ def heldout_agreement(heads: dict[str, Any], held: CorpusStates, target: torch.n
             e = exits[torch.tensor(r), span]
             count("ppd", 0, heads["ppd"](e[t], lm_head).argmax(-1) == choice[t])
     return {name: (hits[name] / seen[name].clamp(min=1)).tolist() for name in hits}
+
+
+@torch.no_grad()
+def eagle_chain(head: torch.nn.Module, held: CorpusStates, target: torch.nn.Module, *, depth: int = 5,
+                context: int = 64, max_positions: int = 1500) -> list[float]:
+    """EAGLE's chain acceptance per depth on held-out rows the target answered greedily: from a
+    drafting position t (the target's state f_t and its next token known), the head drafts `depth`
+    tokens in a row on its own predicted states, as it does at run time; depth d counts when the
+    first d drafted tokens all equal the target's (for a greedy row, the corpus's next tokens). The
+    head sees `context` positions of teacher-forced states before t."""
+    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
+    final = held.view("final")
+    runs = torch.zeros(depth)
+    starts = 0
+    for r, row in enumerate(held.rows):
+        if starts >= max_positions or float(row.get("temperature", 0)) > 0:
+            continue
+        p, n = len(row["prompt_ids"]), len(row["prompt_ids"]) + len(row["answer_ids"])
+        ids = torch.tensor(row["prompt_ids"] + row["answer_ids"])
+        for t in range(p - 1, n - 1 - depth, 4):  # every fourth drafting position with `depth` tokens after it
+            lo = max(0, t - context + 1)
+            feats = final[torch.tensor(r), torch.arange(lo, t + 1)]  # f_lo .. f_t
+            tokens = ids[lo + 1:t + 2]  # x_{lo+1} .. x_{t+1}
+            accepted = 0
+            for d in range(depth):
+                pred = head(embed(tokens)[None].float(), feats[None], torch.arange(lo, lo + len(tokens))[None])[0, -1]
+                drafted = lm_head(pred).argmax(-1)
+                if int(drafted) != int(ids[t + 2 + d]):
+                    break
+                accepted += 1
+                feats = torch.cat([feats, pred[None]])
+                tokens = torch.cat([tokens, drafted[None]])
+            runs[:accepted] += 1
+            starts += 1
+    return (runs / max(starts, 1)).tolist()
