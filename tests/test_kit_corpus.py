@@ -181,7 +181,9 @@ def test_an_interrupted_corpus_build_keeps_its_finished_shards_and_resumes_there
 def test_committed_shards_are_used_and_their_topk_recomputed_once(kit, tiny, capsys):
     from specbench.kit.cli import kit_main
 
-    assert kit_main(["corpus", "smollm2", "--shards", "0-1", "--commit"]) == 0
+    assert kit_main(["corpus", "smollm2", "--shards", "0-1"]) == 0
+    assert "2 of 3 shards made; missing 2-2" in capsys.readouterr().out
+    assert kit_main(["corpus", "smollm2", "--commit"]) == 0  # copies, makes nothing
     out = capsys.readouterr().out
     assert "2 shard(s) copied" in out and "2 of 3 shards made; missing 2-2" in out
     settings, place = kit_build.corpus_place(kit)

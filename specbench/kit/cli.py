@@ -27,8 +27,8 @@ def _parser() -> ArgumentParser:
     corpus.add_argument("--shards", default=None, metavar="A-B",
                         help="only shards A to B (0-based, inclusive; default: every shard of build.corpus.shards)")
     corpus.add_argument("--commit", action="store_true",
-                        help="copy the finished shards (rows and cards) into the repository's corpora/ folder, "
-                             "for git: the next machine goes on from there")
+                        help="make nothing: copy the finished shards (rows and cards) into the repository's "
+                             "corpora/ folder, for git (the next machine goes on from there)")
     show = sub.add_parser("show", help="print what this machine has of the kit (target, built parts, build times)")
     for p in (fetch, build, corpus, show):
         p.add_argument("name", help=f"the kit: {', '.join(kit_names())}")
@@ -121,7 +121,7 @@ def corpus_main(kit, shards: str | None, commit: bool) -> int:
             raise SpecbenchError(f"--shards {shards}: {kit.name}'s corpus has shards 0-{settings.shards - 1} "
                                  "(build.corpus.shards)")
         indices = list(range(first, last + 1))
-    made = build_shards(kit, indices)
+    made = [] if commit else build_shards(kit, indices)
     for card in made:
         print(f"{kit.name} corpus shard {card['shard']}: {card['rows']} rows, {card['answer_tokens']} answer tokens, "
               f"{card['prompt_tokens']} prompt tokens, {card['seconds']:.0f} s")
