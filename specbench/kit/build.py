@@ -374,13 +374,31 @@ def soft_targets(kit: DictConfig, rows: list[dict]) -> list[tuple[torch.Tensor, 
     return [found[int(r["shard"]), int(r["row"])] for r in rows]
 
 
+def make_draft(kit: DictConfig, section: Any, target: Any, tok: Any, seed: int) -> torch.nn.Module:
+    """A draft before training, as `section.init` says: `pca` (a new Llama of `build.drafts.arch`'s
+    shape, its embedding the target's on its main directions) or `target_layers` (the target's own
+    first `section.layers` blocks with its embedding and head)."""
+    from specbench.kit.distill import draft_from_target
+    from specbench.zoo import train as zoo_train
+
+    cfg = kit.build.drafts
+    if str(section.init) == "target_layers":
+        return draft_from_target(target.model, int(section.layers))
+    if str(section.init) != "pca":
+        raise SpecbenchError(f"build.drafts init must be pca or target_layers, got {section.init!r}")
+    model = zoo_train.make_model(cfg.arch, tok, int(cfg.max_positions), seed, int(kit.build.corpus.max_new_tokens))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(_pca_embeddings(target.model, int(cfg.arch.hidden_size)))
+    return model
+
+
 def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     """`draft`: distilled from the target (forward KL to its cached top-k + cross-entropy, on answer
     tokens), `draft_plain`: the same shape on the answers alone (hard labels); each started as its
     `init` says (`pca`: a new Llama of `arch`'s shape from the target's embedding's main directions;
     `target_layers`: the target's own first `layers` blocks with its embedding and head), trained on
     every training row (specbench.kit.distill), measured on the held-out rows."""
-    from specbench.kit.distill import Rows, draft_from_target, train_draft
+    from specbench.kit.distill import Rows, train_draft
     from specbench.zoo import train as zoo_train
 
     cfg = kit.build.drafts
@@ -396,15 +414,7 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     for offset, name in enumerate(("draft", "draft_plain")):
         section = cfg[name]
         seed = int(kit.build.seed) + offset
-        if str(section.init) == "target_layers":
-            model = draft_from_target(target.model, int(section.layers))
-        elif str(section.init) == "pca":
-            model = zoo_train.make_model(cfg.arch, tok, int(cfg.max_positions), seed,
-                                         int(kit.build.corpus.max_new_tokens))
-            with torch.no_grad():
-                model.get_input_embeddings().weight.copy_(_pca_embeddings(target.model, int(cfg.arch.hidden_size)))
-        else:
-            raise SpecbenchError(f"build.drafts.{name}.init must be pca or target_layers, got {section.init!r}")
+        model = make_draft(kit, section, target, tok, seed)
         stats = train_draft(model, train_rows, held_rows, section, pad_id=pad, seed=seed, desc=f"{kit.name} {name}",
                             compute_dtype=compute)
         model.eval()
