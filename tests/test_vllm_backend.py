@@ -191,13 +191,19 @@ def test_ctrl_c_stops_the_servers_and_keeps_the_answers(setup, tmp_path):
     model_dir, questions = setup
     out = tmp_path / "answers"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "HF_HUB_OFFLINE": "1"}
+    # each completion waits 2 s: after the first answer, six more questions leave a window of over 10 s to
+    # interrupt in, however busy the machine is
     run = subprocess.Popen([sys.executable, "-m", "specbench", *vllm_args(model_dir, questions, out, "warmup=0",
-                                                                          mode="slow=0.5")],
+                                                                          mode="slow=2")],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answers = answers_file(out, "baseline", model="local-vllm")
-    deadline = time.time() + 120
-    while time.time() < deadline and not (answers.is_file() and answers.read_text().count("\n") >= 1):
-        time.sleep(0.2)
+    deadline = time.time() + 180
+    while time.time() < deadline and run.poll() is None and not (
+            answers.is_file() and answers.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    assert run.poll() is None, (f"the run ended (exit {run.returncode}) before it could be interrupted; answer files "
+                                f"under {out}: {sorted(str(p.relative_to(out)) for p in out.rglob('*.jsonl'))}; "
+                                f"expected {answers.relative_to(out)}; stderr: {run.communicate()[1][-2000:]}")
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130, err

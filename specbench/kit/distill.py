@@ -198,7 +198,7 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
     """AdamW over every training row for `cfg.epochs` epochs (warm-up, cosine decay), loss on
     answer tokens: `kd_alpha` x forward KL to the target's top-k + (1 - kd_alpha) x cross-entropy;
     held-out evaluation `cfg.evaluations` times, evenly spread (the last at the end)."""
-    from specbench.zoo.train import _optimizer, lr_at
+    from specbench.zoo.train import adamw, lr_at
 
     torch.manual_seed(seed)
     epochs = float(cfg.epochs)
@@ -206,7 +206,7 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
     plan = [b for e in range(math.ceil(epochs)) for b in batches(lengths, int(cfg.batch_tokens), seed, e)]
     plan = plan[:max(1, round(len(plan) * epochs / math.ceil(epochs)))]
     points = {round(len(plan) * (j + 1) / int(cfg.evaluations)) - 1 for j in range(int(cfg.evaluations))}
-    opt = _optimizer(model, cfg)
+    opt = adamw(model, cfg)
     kd_alpha = float(cfg.kd_alpha)
     chain = int(cfg.chain)
     model.train()

@@ -60,7 +60,7 @@ def lr_at(step: int, total: int, tcfg: DictConfig) -> float:
     return float(tcfg.lr) * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _optimizer(model: torch.nn.Module, tcfg: DictConfig) -> torch.optim.Optimizer:
+def adamw(model: torch.nn.Module, tcfg: DictConfig) -> torch.optim.Optimizer:
     # Norm gains stay out of weight decay: decaying them towards 0 only fights the RMSNorm.
     decay = [p for p in model.parameters() if p.ndim >= 2]
     keep = [p for p in model.parameters() if p.ndim < 2]
@@ -136,7 +136,7 @@ def train(model: torch.nn.Module, data: Packed, tcfg: DictConfig, *, seed: int, 
     model.train()
     if teacher is not None:
         teacher.eval()
-    opt = _optimizer(model, tcfg)
+    opt = adamw(model, tcfg)
     steps = _batches(len(data), int(tcfg.batch_size), float(tcfg.epochs), seed)
     kd_alpha, temperature = float(tcfg.kd_alpha), float(tcfg.temperature)
     tokens, ema = 0, None
