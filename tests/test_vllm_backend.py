@@ -195,7 +195,10 @@ def test_ctrl_c_stops_the_servers_and_keeps_the_answers(setup, tmp_path):
     # interrupt in, however busy the machine is
     run = subprocess.Popen([sys.executable, "-m", "specbench", *vllm_args(model_dir, questions, out, "warmup=0",
                                                                           mode="slow=2")],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           # a pytest-xdist worker ignores SIGINT and a child inherits that (Python then keeps
+                           # it ignored): give the run the default disposition a terminal's command has
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     answers = answers_file(out, "baseline", model="local-vllm")
     deadline = time.time() + 180
     while time.time() < deadline and run.poll() is None and not (
