@@ -542,7 +542,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
     bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
     with frozen(embed, lm_head):
         stats = _eagle_loop(head, data, embed, lm_head, opt, bar, steps, batch_rows, window, lr, ce_weight,
-                            ce_fraction, noise, gen, usable, lengths)
+                            ce_fraction, noise, gen, usable)
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, *stats)
@@ -550,8 +550,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
 
 def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.Module, opt: torch.optim.Optimizer,
                 bar: Any, steps: int, batch_rows: int, window: int, lr: float, ce_weight: float, ce_fraction: float,
-                noise: float, gen: torch.Generator, usable: torch.Tensor,
-                lengths: torch.Tensor) -> tuple[float, list[float]]:
+                noise: float, gen: torch.Generator, usable: torch.Tensor) -> tuple[float, list[float]]:
     ema = None
     hits = seen = 0.0
     for step in bar:
