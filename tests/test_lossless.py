@@ -90,6 +90,40 @@ def test_sps_schedules(targets, drafts, schedule):
             assert lengths[:3] == [3, 5, 7]
 
 
+def test_sps_heuristic_k_restarts_with_every_question(targets, drafts, tiny_models, tmp_path):
+    """K is carried across the calls (turns) of a question but restarts with the next question, so that a
+    question's numbers never depend on which questions ran before it (a subset reproduces them)."""
+    target = targets["llama"]
+    cfg = method_cfg("sps", draft=str(drafts["llama"]["self"]), num_speculative_tokens=3, schedule="heuristic",
+                     budget="fixed")
+    method = build_method(cfg, target, EMPTY)
+    input_ids = prompt_of(target, PROMPTS[1])
+    stop = StopCriteria.build(target.eos_ids, 30)
+    method.start_question()
+    first = run(method, input_ids, stop).stats["draft_lengths"]
+    second = run(method, input_ids, stop).stats["draft_lengths"]  # the same question's next turn: K goes on
+    method.start_question()
+    third = run(method, input_ids, stop).stats["draft_lengths"]
+    assert first[:3] == [3, 5, 7] and second[0] > 7 and third == first
+    # end to end: each question's steps are the same answered alone as after the others
+    questions = write_questions(tmp_path / "q.jsonl")
+    lines = questions.read_text().splitlines()
+    subset = tmp_path / "subset.jsonl"
+    subset.write_text("\n".join(lines[len(lines) // 2:]) + "\n")
+    stats = {}
+    for name, path in (("all", questions), ("subset", subset)):
+        out = tmp_path / name
+        specbench("run", "method=sps", "model=local", f"model.path={tiny_models['llama']}", "dataset=spec_bench",
+                  f"dataset.path={path}", "max_new_tokens=24", "warmup=0", "progress=false", "baseline=false",
+                  "budget=fixed", f"model.draft={drafts['llama']['self']}", f"output_dir={out}", cwd=tmp_path,
+                  check=True)
+        records = read_answers(out / "spec_bench" / "local" / "sps-fixed" / "temp-0" / "run-1" / "answers.jsonl")
+        stats[name] = {r["question_id"]: [s["draft_lengths"] for s in r["specbench"]["stats"]] for r in records}
+    assert len(stats["subset"]) == len(lines) - len(lines) // 2
+    assert all(stats["all"][q] == lengths for q, lengths in stats["subset"].items())
+    assert max(max(t) for turns in stats["all"].values() for t in turns) > 7  # K did grow within questions
+
+
 def test_sps_draft_from_the_model_config_and_errors(targets, drafts, tiny_models, tmp_path):
     target = targets["llama"]
     method = build_method(method_cfg("sps"), target, OmegaConf.create({"draft": str(drafts["llama"]["noisy"])}))

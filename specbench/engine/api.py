@@ -174,6 +174,14 @@ class Method:
     def reset(self) -> None:
         """Forget state carried across questions (called at the start of every run)."""
 
+    def start_question(self) -> None:
+        """A question (or, batched, a batch of questions) starts: state that only tunes decoding (SpS's
+        heuristic K) starts over, so that a question's answer and statistics depend on it alone, never
+        on which questions ran before it (a subset of the questions, or a resumed run, gives the same
+        numbers as the whole uninterrupted run). What a method learns from the stream by design
+        (Online Speculative Decoding's draft, Token Recycling's adjacency, the budget's acceptance)
+        is kept."""
+
     def prepare(self, batch_size: int) -> None:
         """Before a run's warm-up, untimed: measure what the method needs of the device at this
         batch size (the draft budget's cost curve)."""
@@ -249,6 +257,9 @@ class Drafter:
 
     def reset(self) -> None:
         """Forget state carried across calls (start of every run)."""
+
+    def start_question(self) -> None:
+        """A question starts (Method.start_question): per-question tuning state starts over."""
 
     def fork(self) -> Drafter:
         """A drafter for one row of a batch. It shares the weights and whatever persists across

@@ -153,6 +153,9 @@ class SpeculativeMethod(Method):
         self.drafter.reset()
         self.policies = {b: BudgetPolicy(p.curve) for b, p in self.policies.items()}  # acceptance learned anew
 
+    def start_question(self) -> None:
+        self.drafter.start_question()
+
     def verify_step(self, tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams) -> Verdict:
         """Which path of `tree` the target accepts (logits: root row, then one row per node). The
         engine's exact, lossless verification; a method may override it only for a lossy option

@@ -91,8 +91,10 @@ class SpsDrafter(Drafter):
     """Drafts a chain of K tokens with a small model that shares the target's tokenizer.
 
     schedule: "constant" keeps K; "heuristic" adds 2 after a fully accepted draft and
-    subtracts 1 (down to 1) otherwise, carried across calls until `reset()`, as transformers'
-    assisted generation; "heuristic_transient" does the same but restarts every call.
+    subtracts 1 (down to 1) otherwise, carried across calls (the turns of a question) as
+    transformers' assisted generation carries it, but restarted with every question
+    (`start_question`: transformers would carry it on to the next question too, so a question's
+    numbers would depend on the ones answered before it); "heuristic_transient" restarts every call.
     """
 
     def __init__(
@@ -123,6 +125,9 @@ class SpsDrafter(Drafter):
         self.schedule_state["k"] = value
 
     def reset(self) -> None:
+        self.k = self.k0
+
+    def start_question(self) -> None:
         self.k = self.k0
 
     def fork(self) -> SpsDrafter:

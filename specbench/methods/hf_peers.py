@@ -176,11 +176,15 @@ class HfAssisted(HfPeer):
         return sum(p.numel() for p in self.draft.model.parameters())
 
     def reset(self) -> None:
-        # transformers keeps the "heuristic" K on the assistant's generation config across calls.
+        # transformers keeps the "heuristic" K on the assistant's generation config across calls (our turns of
+        # a question; start_question restarts it for the next question).
         config = self.draft.model.generation_config
         config.num_assistant_tokens = self.num_tokens
         config.num_assistant_tokens_schedule = self.schedule
         config.assistant_confidence_threshold = self.settings.assistant_confidence_threshold
+
+    def start_question(self) -> None:
+        self.reset()  # K restarts with every question, as method=sps's (SpsDrafter)
 
     def generate_kwargs(self) -> dict[str, Any]:
         return {"assistant_model": self.draft.model}

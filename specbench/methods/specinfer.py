@@ -72,6 +72,10 @@ class SpecInferDrafter(Drafter):
         for d in self.drafters:
             d.reset()
 
+    def start_question(self) -> None:
+        for d in self.drafters:
+            d.start_question()
+
     def fork(self) -> SpecInferDrafter:
         return SpecInferDrafter([d.fork() for d in self.drafters])
 

@@ -489,6 +489,7 @@ class Session:
     def answer(self, method: Method, question: data.Question) -> dict[str, Any]:
         """Generate every turn of one question; returns the upstream-format record."""
         torch.manual_seed(int(self.cfg.seed))  # upstream: torch.manual_seed(choice index)
+        method.start_question()  # the answer depends on this question alone (Method.start_question)
         answer = Answer(question)
         for j in range(len(question.turns)):
             ids = self.prompt(question, j, answer.texts)
@@ -519,6 +520,7 @@ class Session:
         numbers and when the turn was queued, admitted into a row and finished (seconds from the
         sequence's start); its latency is finished - admitted (the wait before is queueing)."""
         torch.manual_seed(int(self.cfg.seed))
+        method.start_question()
         answers = [Answer(q) for q in questions]
         continuous = self.cfg.batch_mode == "continuous"
         for turn in [None] if continuous else range(max(len(q.turns) for q in questions)):
