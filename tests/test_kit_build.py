@@ -12,10 +12,12 @@ from omegaconf import OmegaConf
 
 from helpers import assert_matches_baseline
 from specbench import models
+from specbench.core.origin import read_origin
 from specbench.kit import build
 from specbench.models import load_model
 from specbench.run.config import compose_method
 from specbench.run.registry import build_method
+from specbench.zoo import shipped
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
 
@@ -32,10 +34,11 @@ TINY = {
             "arch": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                      "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                      "tie_word_embeddings": True},
-            **{name: {"init": "pca", "layers": 1, "epochs": 1.0, "batch_tokens": 64, "evaluations": 1, "chain": 3,
-                      "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.0, "beta1": 0.9,
-                      "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd} for name, kd in (("draft", 0.9),
-                                                                                        ("draft_plain", 0.0))},
+            # draft: the target's first block with its embedding and head, frozen (shipped: stored once)
+            **{name: {"init": init, "layers": 1, "train_embeddings": False, "epochs": 1.0, "batch_tokens": 64,
+                      "evaluations": 1, "chain": 3, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1,
+                      "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd}
+               for name, init, kd in (("draft", "target_layers", 0.9), ("draft_plain", "pca", 0.0))},
         },
         "heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                   "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
@@ -109,3 +112,39 @@ def test_an_unknown_part_is_named_with_the_known_ones(kit):
 
     with pytest.raises(SpecbenchError, match="testkit has no part 'eagle4'; its parts: target, corpus, datastore"):
         build.resolve_part(kit, "eagle4")
+
+
+def test_shipped_parts_are_restored_for_their_target_and_never_trained(kit, tiny_models, tmp_path, monkeypatch):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    target = tiny_models["llama"]
+    built = [build.ensure_group(kit, "drafts"), build.ensure_group(kit, "heads")]
+    draft_before = load_file(str(built[0] / "draft" / "model.safetensors"))
+    target_tensors = load_file(str(target / "model.safetensors"))
+    # the frozen embedding and head were not trained: equal to the target's
+    assert torch.equal(draft_before["model.embed_tokens.weight"], target_tensors["model.embed_tokens.weight"])
+    out = tmp_path / "weights"
+    manifest = shipped.ship_kit("testkit", build.target_id(kit), built, target, out, {"draft": "float32"})
+    key = build.shipped_key(built[0])
+    assert key in manifest["folders"] and manifest["kits"]["testkit"]["fingerprint"]
+    with safe_open(str(out / key / "draft" / "model.safetensors"), framework="pt") as fh:
+        how = json.loads(fh.metadata()[shipped.META_KEY])
+        assert "model.embed_tokens.weight" not in fh.keys()  # stored once: with the target, which is not shipped
+    assert how["shared"]["model.embed_tokens.weight"] == "target:model.safetensors#model.embed_tokens.weight"
+    # a machine with an empty cache restores both groups from them and trains nothing
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(shipped.WEIGHTS_VAR, str(out))
+    for group in ("corpus", "drafts", "heads"):
+        monkeypatch.setitem(build.BUILDERS, group, lambda *a: pytest.fail("built although shipped"))
+    restored = build.ensure_group(kit, "heads")
+    assert restored != built[1] and read_origin(restored)["source"] == "shipped"
+    draft = build.ensure_group(kit, "drafts")
+    assert read_origin(draft)["fingerprint"] == manifest["kits"]["testkit"]["fingerprint"]
+    draft_after = load_file(str(draft / "draft" / "model.safetensors"))
+    assert draft_after.keys() == draft_before.keys()
+    assert all(torch.equal(draft_after[k], draft_before[k]) for k in draft_before)  # float32: exact
+    # a new release of the zoo keeps the kit's parts, and the zoo's fingerprint does not count them
+    again = shipped.ship([], out, {}, "test-2")
+    assert again["files"] == manifest["files"] and again["kits"] == manifest["kits"]
+    assert again["fingerprint"] == shipped.release_fingerprint({}) == manifest["fingerprint"]

@@ -128,11 +128,9 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
 
     cls, settings = kit_recipe(kit, method)
     final = trained_dir(kit, cls, settings, method)
-    if (final / PART_CARD).is_file():
-        return final
-    corpus = ensure_group(kit, "corpus")
 
     def build(tmp: Path) -> None:
+        corpus = ensure_group(kit, "corpus")
         threads = torch.get_num_threads()
         try:
             torch.set_num_threads(int(kit.build.threads))
@@ -146,8 +144,38 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
         finally:
             torch.set_num_threads(threads)
 
-    return build_once(final, PART_CARD, build,
-                      f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)")
+    return _cached(kit, final, PART_CARD, build,
+                   f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)")
+
+
+def shipped_key(final: Path) -> str:
+    """The shipped weights' name (specbench.zoo.shipped) of a kit's cache folder `<cache>/<kit>/<target>/<folder>`."""
+    from specbench.zoo.shipped import KITS_DIR
+
+    return f"{KITS_DIR}/{final.parent.parent.name}/{final.parent.name}/{final.name}"
+
+
+def _cached(kit: DictConfig, final: Path, card: str, build: Callable[[Path], None], announce: str) -> Path:
+    """`final`: the cached folder, else restored from the weights shipped with the code (parts trained once,
+    for the target this machine fetched: its id is in the path), else built here by `build(tmp)` and marked
+    local (its own fingerprint; core.files.build_once: a second process waits, then reuses it)."""
+    from specbench.zoo import shipped
+
+    key = shipped_key(final)
+    stale = (final / card).is_file() and shipped.stale(final, key)
+    if (final / card).is_file() and not stale:
+        return final
+
+    def fill_or_build(tmp: Path) -> None:
+        if shipped.fill(final, tmp, key, ensure_target(kit)):
+            print(f"specbench: {kit.name}'s {final.name} restored from the shipped weights (nothing trained)",
+                  file=sys.stderr, flush=True)
+            return
+        print(announce, file=sys.stderr, flush=True)
+        build(tmp)
+        shipped.mark_local(tmp)
+
+    return build_once(final, card, fill_or_build, rebuild=stale)
 
 
 def _corpus_head_data() -> type:
@@ -176,11 +204,9 @@ def _load_draft(kit: DictConfig) -> torch.nn.Module:
 
 def ensure_group(kit: DictConfig, group: str) -> Path:
     final = group_dir(kit, group)
-    if (final / CARD).is_file():
-        return final
-    inputs = {need: ensure_group(kit, need) for need in NEEDS[group]}
 
     def build(tmp: Path) -> None:
+        inputs = {need: ensure_group(kit, need) for need in NEEDS[group]}  # not needed when restored
         threads = torch.get_num_threads()
         start = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
@@ -196,8 +222,8 @@ def ensure_group(kit: DictConfig, group: str) -> Path:
         (tmp / CARD).write_text(json.dumps(card, indent=2) + "\n")  # last: marks the group complete
         print(f"specbench: {kit.name}'s {group} built in {card['build_seconds']:.0f} s", file=sys.stderr, flush=True)
 
-    return build_once(final, CARD, build, f"specbench: building {kit.name}'s {group} into {final} "
-                      f"({BUILD_NOTES[group]}; once, then cached)")
+    return _cached(kit, final, CARD, build, f"specbench: building {kit.name}'s {group} into {final} "
+                   f"({BUILD_NOTES[group]}; once, then cached)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,13 +403,18 @@ def soft_targets(kit: DictConfig, rows: list[dict]) -> list[tuple[torch.Tensor, 
 def make_draft(kit: DictConfig, section: Any, target: Any, tok: Any, seed: int) -> torch.nn.Module:
     """A draft before training, as `section.init` says: `pca` (a new Llama of `build.drafts.arch`'s
     shape, its embedding the target's on its main directions) or `target_layers` (the target's own
-    first `section.layers` blocks with its embedding and head)."""
+    first `section.layers` blocks with its embedding and head, frozen unless `section.train_embeddings`)."""
     from specbench.kit.distill import draft_from_target
     from specbench.zoo import train as zoo_train
 
     cfg = kit.build.drafts
     if str(section.init) == "target_layers":
-        return draft_from_target(target.model, int(section.layers))
+        model = draft_from_target(target.model, int(section.layers))
+        if not bool(section.get("train_embeddings", True)):
+            # the target's embedding and head, frozen: a shipped draft stores them once, with the target
+            for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+                module.weight.requires_grad_(False)
+        return model
     if str(section.init) != "pca":
         raise SpecbenchError(f"build.drafts init must be pca or target_layers, got {section.init!r}")
     model = zoo_train.make_model(cfg.arch, tok, int(cfg.max_positions), seed, int(kit.build.corpus.max_new_tokens))
@@ -420,7 +451,9 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
         model.eval()
         model.save_pretrained(out / name)
         tok.save_pretrained(out / name, save_jinja_files=False)
-        card[name] = {"params": zoo_train.n_params(model), "init": str(section.init), "train": stats.as_dict(),
+        card[name] = {"params": zoo_train.n_params(model), "init": str(section.init),
+                      "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                      "train": stats.as_dict(),
                       "heldout_agreement": round(stats.curve[-1].agreement, 4)}
     card["arch"] = OmegaConf.to_container(cfg.arch, resolve=True)
     return card

@@ -29,8 +29,16 @@ def _parser() -> ArgumentParser:
     corpus.add_argument("--commit", action="store_true",
                         help="make nothing: copy the finished shards (rows and cards) into the repository's "
                              "corpora/ folder, for git (the next machine goes on from there)")
+    ship = sub.add_parser("ship", help="maintainers: write the kit's built drafts and heads into the repository's "
+                                       "weights/ folder (kits/NAME/<target id>/), tensors shared with the target "
+                                       "named instead of stored, checksums in weights/MANIFEST.json")
+    ship.add_argument("--storage", nargs="*", default=[], metavar="PART=DTYPE",
+                      help="store a part in float32 or bfloat16 (default bfloat16; float32 where bfloat16 moves "
+                           "its held-out agreement by more than 1%%)")
+    ship.add_argument("--measured", default=None, help="a JSON file of the storage measurement, kept in the manifest")
+    ship.add_argument("--out", default=None, help="the weights folder (default: the checkout's weights/)")
     show = sub.add_parser("show", help="print what this machine has of the kit (target, built parts, build times)")
-    for p in (fetch, build, corpus, show):
+    for p in (fetch, build, corpus, ship, show):
         p.add_argument("name", help=f"the kit: {', '.join(kit_names())}")
     return parser
 
@@ -63,6 +71,8 @@ def kit_main(argv: list[str]) -> int:
         return 0
     if opts.action == "corpus":
         return corpus_main(kit, opts.shards, opts.commit)
+    if opts.action == "ship":
+        return ship_main(kit, opts)
     if opts.action == "build":
         groups = [g.strip() for g in opts.parts.split(",") if g.strip()]
         unknown = [g for g in groups if g not in NEEDS]
@@ -149,3 +159,30 @@ def skip_sets(target_folder: str) -> list[dict]:
         if isinstance(entry, dict) and entry.get("model") == target_folder and "best" in entry:
             found.append(entry)
     return found
+
+
+def ship_main(kit, opts) -> int:
+    """`kit ship NAME`: the built drafts and heads of the fetched target into the weights folder."""
+    from pathlib import Path
+
+    from specbench.heads.recipe import PART_CARD
+    from specbench.kit.build import CARD, group_dir, kit_recipe, target_id, trained_dir, trained_methods
+    from specbench.kit.source import ensure_target
+    from specbench.zoo import shipped
+
+    storage = shipped.parse_storage(opts.storage)
+    folders = [(group_dir(kit, group), CARD) for group in ("drafts", "heads")]
+    folders += [(trained_dir(kit, *kit_recipe(kit, method), method), PART_CARD) for method in trained_methods()]
+    unbuilt = [str(folder) for folder, card in folders if not (folder / card).is_file()]
+    if unbuilt:
+        raise SpecbenchError(f"{kit.name}'s parts are not all built ({', '.join(unbuilt)}); run "
+                             f"`python -m specbench kit build {kit.name} --parts drafts,heads` first")
+    out = shipped.weights_folder(opts.out)
+    measured = json.loads(Path(opts.measured).read_text()) if opts.measured else None
+    manifest = shipped.ship_kit(str(kit.name), target_id(kit), [f for f, _ in folders], ensure_target(kit), out,
+                                storage, measured)
+    mine = f"{shipped.KITS_DIR}/{kit.name}/"
+    size = sum(e["bytes"] for n, e in manifest["files"].items() if n.startswith(mine))
+    print(f"wrote {out}/{mine}: {size / 1e6:.1f} MB, fingerprint {manifest['kits'][kit.name]['fingerprint']}; "
+          f"all shipped weights {manifest['bytes'] / 1e6:.1f} MB")
+    return 0

@@ -134,16 +134,8 @@ def _ship(opts: argparse.Namespace) -> int:
 
     from specbench.zoo import shipped
 
-    storage = {}
-    for item in opts.storage:
-        part, sep, dtype = item.partition("=")
-        if not sep or dtype not in shipped.STORAGE:
-            raise SpecbenchError(f"--storage takes PART=DTYPE with DTYPE one of {', '.join(shipped.STORAGE)}; got "
-                                 f"{item!r}")
-        storage[part] = dtype
-    out = Path(opts.out) if opts.out else shipped.weights_root()
-    if out is None:
-        raise SpecbenchError("no weights folder: run from a specbench checkout, or pass --out DIR")
+    storage = shipped.parse_storage(opts.storage)
+    out = shipped.weights_folder(opts.out)
     measured = json.loads(Path(opts.measured).read_text()) if opts.measured else None
     manifest = shipped.ship(_folders(), out, storage, opts.release, measured)
     for folder, entry in manifest["folders"].items():

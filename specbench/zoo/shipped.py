@@ -42,6 +42,10 @@ WEIGHTS_VAR = "SPECBENCH_WEIGHTS_DIR"
 MANIFEST = "MANIFEST.json"
 #: where the zoo's folders lie inside the weights folder
 ZOO_DIR = "zoo"
+#: where a kit's parts lie: `kits/<kit>/<target id>/<group or head folder>/` (specbench.kit.build)
+KITS_DIR = "kits"
+#: a stored tensor shared with a kit's target names it `target:<file>#<tensor>` (the target is not shipped)
+TARGET_REF = "target:"
 #: the key of a stored safetensors file's metadata that says how to restore it
 META_KEY = "specbench"
 STORAGE = ("bfloat16", "float32")
@@ -52,6 +56,25 @@ PICKLED = ("*.pt", "*.pth", "*.bin", "*.pkl", "*.pickle")
 def weights_root() -> Path | None:
     """$SPECBENCH_WEIGHTS_DIR if set, else the checkout's `weights/`; None when neither exists (a wheel install)."""
     return checkout_folder(WEIGHTS_VAR, "weights")
+
+
+def weights_folder(given: str | None) -> Path:
+    """Where `zoo ship` / `kit ship` write: `--out DIR`, else the checkout's weights folder."""
+    out = Path(given) if given else weights_root()
+    if out is None:
+        raise SpecbenchError("no weights folder: run from a specbench checkout, or pass --out DIR")
+    return out
+
+
+def parse_storage(items: list[str]) -> dict[str, str]:
+    """`--storage PART=DTYPE` options as {part: dtype}."""
+    storage = {}
+    for item in items:
+        part, sep, dtype = item.partition("=")
+        if not sep or dtype not in STORAGE:
+            raise SpecbenchError(f"--storage takes PART=DTYPE with DTYPE one of {', '.join(STORAGE)}; got {item!r}")
+        storage[part] = dtype
+    return storage
 
 
 def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
@@ -71,15 +94,22 @@ def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
     return manifest
 
 
+def folder_prefix(key: str) -> str:
+    """Where the files of the manifest's folder `key` lie: a zoo folder's key is its name (under `zoo/`), a
+    kit's is its path (`kits/<kit>/<target id>/<folder>`)."""
+    return f"{key}/" if "/" in key else f"{ZOO_DIR}/{key}/"
+
+
 def folder_fingerprint(manifest: dict[str, Any], folder: str) -> str:
     """12 hex digits over the checksums of one shipped folder's files."""
-    prefix = f"{ZOO_DIR}/{folder}/"
+    prefix = folder_prefix(folder)
     return release_fingerprint({name: entry for name, entry in manifest["files"].items() if name.startswith(prefix)})
 
 
-def release_fingerprint(files: dict[str, dict[str, Any]]) -> str:
-    """12 hex digits over every shipped file's name and checksum: the release's fingerprint."""
-    rows = sorted((name, entry["sha256"]) for name, entry in files.items())
+def release_fingerprint(files: dict[str, dict[str, Any]], prefix: str = f"{ZOO_DIR}/") -> str:
+    """12 hex digits over the name and checksum of every shipped file under `prefix`: the zoo's release
+    fingerprint (a kit's parts have their own, `kits/<kit>/`, so shipping them leaves the zoo's unchanged)."""
+    rows = sorted((name, entry["sha256"]) for name, entry in files.items() if name.startswith(prefix))
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
 
 
@@ -104,41 +134,47 @@ def _verified(root: str, name: str, entry_json: str) -> Path:
     return path
 
 
-def fill(final: Path, tmp: Path) -> bool:
-    """Fill the empty folder `tmp` with the shipped copy of the cache folder `final`: True when it did,
-    False when no shipped weights hold it."""
+def fill(final: Path, tmp: Path, key: str | None = None, target: Path | None = None) -> bool:
+    """Fill the empty folder `tmp` with the shipped copy of the cache folder `final` (the manifest's folder
+    `key`: the zoo's by its name, a kit's by its path; `target`: the kit's target folder, which holds the
+    tensors its parts share with it): True when it did, False when no shipped weights hold it."""
+    key = key or final.name
     root = weights_root()
     manifest = read_manifest(root)
-    if manifest is None or final.name not in manifest["folders"]:
+    if manifest is None or key not in manifest["folders"]:
         return False
     assert root is not None
-    prefix = f"{ZOO_DIR}/{final.name}/"
+    prefix = folder_prefix(key)
     names = sorted(name for name in manifest["files"] if name.startswith(prefix))
     for name in names:  # every checksum first: a bad file leaves nothing half restored
         verified(root, name, manifest)
     for name in names:
-        source, target = root / name, tmp / name.removeprefix(prefix)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        source, out = root / name, tmp / name.removeprefix(prefix)
+        out.parent.mkdir(parents=True, exist_ok=True)
         if name.endswith(".safetensors"):
-            restore_tensors(source, target, root, manifest)
+            restore_tensors(source, out, root, manifest, target)
         else:
-            shutil.copyfile(source, target)
+            shutil.copyfile(source, out)
+    kit = key.split("/")[1] if "/" in key else None
     write_origin(tmp, {"source": "shipped", "release": manifest.get("release"),
-                       "fingerprint": manifest.get("fingerprint"),
-                       "folder_fingerprint": folder_fingerprint(manifest, final.name)})
+                       "fingerprint": (manifest.get("kits") or {}).get(kit, {}).get("fingerprint") if kit
+                       else manifest.get("fingerprint"),
+                       "folder_fingerprint": folder_fingerprint(manifest, key)})
     return True
 
 
-def stale(folder: Path) -> bool:
-    """Whether the cached `folder` came from shipped weights other than the ones here now (a new release
-    under the same name): then it is restored again. A folder trained here is never replaced."""
+def stale(folder: Path, key: str | None = None) -> bool:
+    """Whether the cached `folder` (the manifest's folder `key`, default its name) came from shipped weights
+    other than the ones here now (a new release under the same name): then it is restored again. A folder
+    trained here is never replaced."""
+    key = key or folder.name
     origin = read_origin(folder)
     if not origin or origin.get("source") not in ("shipped", "published"):
         return False
     manifest = read_manifest()
-    if manifest is None or folder.name not in manifest["folders"]:
+    if manifest is None or key not in manifest["folders"]:
         return False
-    return origin.get("folder_fingerprint") != folder_fingerprint(manifest, folder.name)
+    return origin.get("folder_fingerprint") != folder_fingerprint(manifest, key)
 
 
 # ----------------------------------------------------------------------------- origins
@@ -174,9 +210,11 @@ def _machine() -> str:
 # ----------------------------------------------------------------------------- tensors
 
 
-def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, Any]) -> None:
+def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, Any],
+                    kit_target: Path | None = None) -> None:
     """A stored safetensors file written back as it is used: shared tensors put back from the file that
-    holds them, each tensor in its own dtype, the original metadata."""
+    holds them (a shipped file, or a file of `kit_target`, the kit's target folder), each tensor in its own
+    dtype, the original metadata."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -185,7 +223,13 @@ def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, 
     how = json.loads(metadata.pop(META_KEY, "{}"))
     for key, where in how.get("shared", {}).items():
         file, _, name = where.partition("#")
-        with safe_open(str(verified(root, file, manifest)), framework="pt") as fh:
+        if file.startswith(TARGET_REF):
+            if kit_target is None:
+                raise SpecbenchError(f"{source} shares {key} with its kit's target, but no target folder was given")
+            path = kit_target / file.removeprefix(TARGET_REF)
+        else:
+            path = verified(root, file, manifest)
+        with safe_open(str(path), framework="pt") as fh:
             tensors[key] = fh.get_tensor(name)
     for key, dtype in how.get("dtypes", {}).items():
         tensors[key] = tensors[key].to(getattr(torch, dtype)).contiguous()
@@ -238,56 +282,112 @@ def part_of(folder: str, relative: Path) -> str:
     return folder.partition(".")[2].split("-", 1)[0] or "zoo"
 
 
+def _store_folder(folder: Path, out: Path, prefix: str, storage: dict[str, str], pool: dict[str, Any],
+                  files: dict[str, dict[str, Any]], pool_file: str | None = None) -> dict[str, str]:
+    """Write the cache folder `folder`'s files as stored under `out/<prefix>` (safetensors as `storage[part]`
+    says, tensors equal to one of `pool`'s named instead; pickles, locks and origins left out), adding them to
+    `files`; returns each part's storage. `pool_file`: the file whose tensors join `pool` once written."""
+    stored: dict[str, str] = {}
+    paths = sorted(p for p in folder.rglob("*") if p.is_file())
+    paths.sort(key=lambda p: p.relative_to(folder).as_posix() != pool_file)  # the shared tensors' file first
+    for path in paths:
+        relative = path.relative_to(folder)
+        if any(relative.match(pattern) for pattern in (*PICKLED, "*.lock", ORIGIN_FILE)):
+            continue
+        name = f"{prefix}{relative.as_posix()}"
+        target = out / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".safetensors":
+            part = part_of(folder.name, relative)
+            how = storage.get(part, "bfloat16")
+            if how not in STORAGE:
+                raise SpecbenchError(f"storage of {folder.name}/{part} must be one of {STORAGE}, got {how!r}")
+            store_tensors(path, target, how, pool)
+            stored[part] = how
+            if relative.as_posix() == pool_file:  # the parts after it share its tensors
+                pool.update({f"{name}#{key}": tensor for key, tensor in read_tensors(path)[1].items()})
+        else:
+            shutil.copyfile(path, target)
+        files[name] = {"sha256": sha256_of(target), "bytes": target.stat().st_size}
+    return stored
+
+
+def _write_manifest(out: Path, files: dict[str, dict[str, Any]], folders: dict[str, Any], release: str,
+                    measured: dict[str, Any], kits: dict[str, Any]) -> dict[str, Any]:
+    manifest = {
+        "about": "specbench's reference weights (python -m specbench zoo ship, kit ship); runs restore these "
+                 "folders into the cache, checksums verified (specbench.zoo.shipped)",
+        "release": release,
+        "created": int(time.time()),
+        "fingerprint": release_fingerprint(files),
+        "bytes": sum(entry["bytes"] for entry in files.values()),
+        "folders": folders,
+        "measured": measured,
+        "files": dict(sorted(files.items())),
+    }
+    if kits:
+        manifest["kits"] = kits
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    _verified.cache_clear()
+    return manifest
+
+
+def _kept(out: Path, keep: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """What the manifest in `out` has of the folders `keep(key)` accepts: (files, folders, measured, kits)."""
+    old = read_manifest(out) if (out / MANIFEST).is_file() else None
+    if old is None:
+        return {}, {}, {}, {}
+    folders = {key: entry for key, entry in old["folders"].items() if keep(key)}
+    files = {name: entry for name, entry in old["files"].items()
+             if any(name.startswith(folder_prefix(key)) for key in folders)}
+    measured = {key: value for key, value in (old.get("measured") or {}).items() if keep(key)}
+    return files, folders, measured, dict(old.get("kits") or {})
+
+
 def ship(folders: list[Path], out: Path, storage: dict[str, str], release: str,
          measured: dict[str, Any] | None = None, pool_file: str = "target/model.safetensors") -> dict[str, Any]:
     """Write the cache `folders` (the zoo first) into the weights folder `out` as a new release: each
     part stored as `storage[<part>]` says (default bfloat16), tensors equal to the zoo's
-    `pool_file`'s stored once; pickles, locks and origins left out; returns the manifest written to
-    `out/MANIFEST.json`."""
+    `pool_file`'s stored once; pickles, locks and origins left out; the kits' parts already there kept;
+    returns the manifest written to `out/MANIFEST.json`."""
     for folder in folders:
         if not folder.is_dir():
             raise SpecbenchError(f"{folder} is not built; run `python -m specbench zoo build` first")
     zoo_out = out / ZOO_DIR
     if zoo_out.exists():
         shutil.rmtree(zoo_out)  # a release replaces the last one at the same paths
-    files: dict[str, dict[str, Any]] = {}
-    entries: dict[str, dict[str, Any]] = {}
+    files, entries, kept_measured, kits = _kept(out, lambda key: key.startswith(f"{KITS_DIR}/"))
     pool: dict[str, Any] = {}
     for index, folder in enumerate(folders):
-        stored: dict[str, str] = {}
-        paths = sorted(p for p in folder.rglob("*") if p.is_file())
-        paths.sort(key=lambda p: p.relative_to(folder).as_posix() != pool_file)  # the shared tensors' file first
-        for path in paths:
-            relative = path.relative_to(folder)
-            if any(relative.match(pattern) for pattern in (*PICKLED, "*.lock", ORIGIN_FILE)):
-                continue
-            name = f"{ZOO_DIR}/{folder.name}/{relative.as_posix()}"
-            target = out / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if path.suffix == ".safetensors":
-                part = part_of(folder.name, relative)
-                how = storage.get(part, "bfloat16")
-                if how not in STORAGE:
-                    raise SpecbenchError(f"storage of {folder.name}/{part} must be one of {STORAGE}, got {how!r}")
-                store_tensors(path, target, how, pool)
-                stored[part] = how
-                if index == 0 and relative.as_posix() == pool_file:  # the parts after it share its tensors
-                    pool = {f"{name}#{key}": tensor for key, tensor in read_tensors(path)[1].items()}
-            else:
-                shutil.copyfile(path, target)
-            files[name] = {"sha256": sha256_of(target), "bytes": target.stat().st_size}
+        stored = _store_folder(folder, out, folder_prefix(folder.name), storage, pool, files,
+                               pool_file if index == 0 else None)
         entries[folder.name] = {"storage": stored, "origin": read_origin(folder) or {}}
-    manifest = {
-        "about": "specbench's reference weights (python -m specbench zoo ship); runs restore these folders into "
-                 "the zoo's cache, checksums verified (specbench.zoo.shipped)",
-        "release": release,
-        "created": int(time.time()),
-        "fingerprint": release_fingerprint(files),
-        "bytes": sum(entry["bytes"] for entry in files.values()),
-        "folders": entries,
-        "measured": measured or {},
-        "files": dict(sorted(files.items())),
-    }
-    write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    _verified.cache_clear()
-    return manifest
+    return _write_manifest(out, files, entries, release, {**kept_measured, **(measured or {})}, kits)
+
+
+def ship_kit(kit: str, target_id: str, folders: list[Path], target: Path, out: Path, storage: dict[str, str],
+             measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write a kit's built part folders (cache folders of its target `target_id`) into the weights folder `out`
+    under `kits/<kit>/<target_id>/`, replacing that kit's last ones (the zoo's and other kits' kept): tensors
+    equal to one of the target's (the folder `target`, which is not shipped: a frozen embedding, a copied
+    head) named instead of stored, each part in `storage[<part>]` (default bfloat16); the kit's fingerprint
+    in the manifest's `kits`."""
+    for folder in folders:
+        if not folder.is_dir():
+            raise SpecbenchError(f"{folder} is not built; run `python -m specbench kit build {kit}` first")
+    kit_out = out / KITS_DIR / kit
+    if kit_out.exists():
+        shutil.rmtree(kit_out)
+    mine = f"{KITS_DIR}/{kit}/"
+    files, entries, kept_measured, kits = _kept(out, lambda key: not f"{key}/".startswith(mine))
+    old = read_manifest(out) if (out / MANIFEST).is_file() else None
+    pool = {f"{TARGET_REF}{path.name}#{key}": tensor for path in sorted(target.glob("*.safetensors"))
+            for key, tensor in read_tensors(path)[1].items()}
+    for folder in folders:
+        key = f"{mine}{target_id}/{folder.name}"
+        stored = _store_folder(folder, out, folder_prefix(key), storage, pool, files)
+        entries[key] = {"storage": stored, "origin": read_origin(folder) or {}}
+    kits[kit] = {"target": target_id, "fingerprint": release_fingerprint(files, mine)}
+    if measured:
+        kept_measured[mine.rstrip("/")] = measured
+    return _write_manifest(out, files, entries, (old or {}).get("release") or "unreleased", kept_measured, kits)

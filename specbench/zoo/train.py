@@ -62,8 +62,10 @@ def lr_at(step: int, total: int, tcfg: DictConfig) -> float:
 
 def adamw(model: torch.nn.Module, tcfg: DictConfig) -> torch.optim.Optimizer:
     # Norm gains stay out of weight decay: decaying them towards 0 only fights the RMSNorm.
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    keep = [p for p in model.parameters() if p.ndim < 2]
+    # Frozen parameters (a draft's embedding shared with its target) stay out of the optimizer.
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.ndim >= 2]
+    keep = [p for p in trained if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": float(tcfg.weight_decay)}, {"params": keep, "weight_decay": 0.0}]
     # fused: one kernel per step instead of a dozen passes over the weights (~30 ms saved per
     # step on 2 cores, which matters at batch size 1).
