@@ -332,9 +332,9 @@ def _write_manifest(out: Path, files: dict[str, dict[str, Any]], folders: dict[s
     return manifest
 
 
-def _kept(out: Path, keep: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """What the manifest in `out` has of the folders `keep(key)` accepts: (files, folders, measured, kits)."""
-    old = read_manifest(out) if (out / MANIFEST).is_file() else None
+def _kept(old: dict[str, Any] | None, keep: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any],
+                                                          dict[str, Any]]:
+    """What the manifest `old` has of the folders `keep(key)` accepts: (files, folders, measured, kits)."""
     if old is None:
         return {}, {}, {}, {}
     folders = {key: entry for key, entry in old["folders"].items() if keep(key)}
@@ -356,7 +356,7 @@ def ship(folders: list[Path], out: Path, storage: dict[str, str], release: str,
     zoo_out = out / ZOO_DIR
     if zoo_out.exists():
         shutil.rmtree(zoo_out)  # a release replaces the last one at the same paths
-    files, entries, kept_measured, kits = _kept(out, lambda key: key.startswith(f"{KITS_DIR}/"))
+    files, entries, kept_measured, kits = _kept(read_manifest(out), lambda key: key.startswith(f"{KITS_DIR}/"))
     pool: dict[str, Any] = {}
     for index, folder in enumerate(folders):
         stored = _store_folder(folder, out, folder_prefix(folder.name), storage, pool, files,
@@ -379,8 +379,8 @@ def ship_kit(kit: str, target_id: str, folders: list[Path], target: Path, out: P
     if kit_out.exists():
         shutil.rmtree(kit_out)
     mine = f"{KITS_DIR}/{kit}/"
-    files, entries, kept_measured, kits = _kept(out, lambda key: not f"{key}/".startswith(mine))
-    old = read_manifest(out) if (out / MANIFEST).is_file() else None
+    old = read_manifest(out)
+    files, entries, kept_measured, kits = _kept(old, lambda key: not f"{key}/".startswith(mine))
     pool = {f"{TARGET_REF}{path.name}#{key}": tensor for path in sorted(target.glob("*.safetensors"))
             for key, tensor in read_tensors(path)[1].items()}
     for folder in folders:
