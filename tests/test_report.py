@@ -199,3 +199,9 @@ def test_reference_that_is_not_one_is_named(tmp_path):
                           r"fast / qa lacks a finite speedup")):
         path.write_text(bad)
         assert_one_line_error(cli(*args, cwd=tmp_path), pattern)
+
+
+def test_memory_reads_in_three_figures_of_the_unit_it_rounds_to():
+    shown = {n: leaderboard._bytes(n) for n in (None, 0, 512, 805_000, 999_400_000, 999_600_000, 1_160_000_000)}
+    assert shown == {None: "-", 0: "none", 512: "512 B", 805_000: "805 KB", 999_400_000: "999 MB",
+                     999_600_000: "1 GB", 1_160_000_000: "1.16 GB"}

@@ -131,9 +131,10 @@ def _bytes(n: int | None) -> str:
         return "-"
     if n == 0:
         return "none"
+    shown = float(f"{n:.3g}")  # rounded first, so 999.6 MB reads 1 GB, not 1e+03 MB
     for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
-        if n >= factor:
-            return f"{n / factor:.3g} {unit}"
+        if shown >= factor:
+            return f"{shown / factor:.3g} {unit}"
     return f"{n} B"
 
 
