@@ -8,6 +8,7 @@ finds them in an empty cache.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,28 @@ def test_the_gate_alternates_which_commit_goes_first():
     firsts = [order[i][0] for i in range(0, len(order), 2)]
     assert firsts.count("base") == firsts.count("change")  # neither commit is always measured first
     assert sorted({(block, n) for _, block, n in order}) == [(b, 4) for b in range(1, 5)]
+
+
+def test_a_run_records_only_the_weights_it_resolved_itself(tiny_models, tmp_path, monkeypatch):
+    """Runs in one process (a multirun, library use) each record their own weights: a run of a plain
+    folder after one of a `prefix:` part with an origin records none."""
+    from helpers import cli, write_questions
+    from specbench.models import RESOLVERS
+
+    zoo = tmp_path / "zoo"
+    shutil.copytree(tiny_models["llama"], zoo / "llama")
+    shipped.write_origin(zoo, {"source": "local", "fingerprint": "local-f3"})
+    monkeypatch.setitem(RESOLVERS, "originzoo", lambda name: zoo / name)
+    write_questions(tmp_path / "q.jsonl", per_category=1)
+
+    def run(path: str, out: str) -> dict:
+        done = cli("run", "model=local", f"model.path={path}", "dataset=spec_bench", "dataset.path=q.jsonl",
+                   f"output_dir={out}", "max_new_tokens=4", "warmup=0", "progress=false", "task=qa",
+                   "contention_threshold=1000", cwd=tmp_path)
+        assert done.code == 0, done
+        (meta,) = (tmp_path / out).rglob("meta.json")
+        return json.loads(meta.read_text())
+
+    first = run("originzoo:llama", "a")
+    assert first["weights_origin"]["fingerprint"] == "local-f3"
+    assert run(str(tiny_models["llama"]), "b").get("weights_origin") is None

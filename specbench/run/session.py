@@ -668,6 +668,7 @@ def run(cfg: DictConfig) -> Session:
     `interleave=[...]`, all in turn question by question (`schedule=interleaved`, the default), or
     one after another, the baseline first (`schedule=sequential`). One Ctrl-C ends the run at the next
     question boundary, whichever phase it falls in."""
+    RESOLVED.clear()  # what this run resolves, not an earlier run's of the process (multirun, library use)
     session = Session(cfg)
     plan = [in_run(cfg, cfg.method)]  # `${parts:...}` resolved against the run's model, lanes alike
     for name in cfg.get("interleave") or []:
