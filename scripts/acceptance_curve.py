@@ -68,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/real/acceptance-curve")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a kit setting changed for this curve (e.g. build.corpus.shards=3); repeatable")
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
-    kit = load_kit(opts.kit)
+    kit = OmegaConf.merge(load_kit(opts.kit), OmegaConf.from_dotlist(opts.set))
     out = Path(opts.out)
     parts = out.with_name(out.name + "-parts")
     corpus = kb.ensure_group(kit, "corpus")

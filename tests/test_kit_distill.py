@@ -8,6 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from specbench.core.errors import SpecbenchError
 from specbench.kit import distill
 from specbench.models import load_model
 
@@ -84,6 +85,30 @@ def test_a_draft_from_all_of_the_targets_blocks_is_the_target(tiny_models):
     one = distill.draft_from_target(target, 1)
     assert one.config.num_hidden_layers == 1 and len(one.model.layers) == 1
     assert torch.equal(one.get_input_embeddings().weight, target.get_input_embeddings().weight)
+
+
+def test_a_draft_of_chosen_blocks_runs_them_in_order_and_skips_the_rest(tiny_models):
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    n = target.config.num_hidden_layers
+    assert n >= 2
+    ids = torch.tensor([[3, 17, 29, 5, 8]])
+    listed = distill.draft_from_target(target, list(range(n)))
+    assert torch.allclose(listed(input_ids=ids).logits, target(input_ids=ids).logits, atol=1e-5)
+    first_last = distill.draft_from_target(target, [0, -1])
+    assert first_last.config.num_hidden_layers == 2
+    assert torch.equal(first_last.model.layers[1].mlp.down_proj.weight, target.model.layers[n - 1].mlp.down_proj.weight)
+    # the same as the target with its middle blocks removed
+    import copy
+
+    skipped = copy.deepcopy(target)
+    skipped.model.layers = torch.nn.ModuleList([skipped.model.layers[0], skipped.model.layers[n - 1]])
+    for j, layer in enumerate(skipped.model.layers):
+        layer.self_attn.layer_idx = j
+    skipped.config.num_hidden_layers = 2
+    assert torch.allclose(first_last(input_ids=ids).logits, skipped(input_ids=ids).logits, atol=1e-5)
+    for bad in ([1, 0], [0, 0], [n], [], 0):
+        with pytest.raises(SpecbenchError, match="a draft's layers"):
+            distill.draft_from_target(target, bad)
 
 
 def test_training_on_the_targets_answers_lowers_the_held_out_kl(tiny_models):

@@ -403,13 +403,15 @@ def soft_targets(kit: DictConfig, rows: list[dict]) -> list[tuple[torch.Tensor, 
 def make_draft(kit: DictConfig, section: Any, target: Any, tok: Any, seed: int) -> torch.nn.Module:
     """A draft before training, as `section.init` says: `pca` (a new Llama of `build.drafts.arch`'s
     shape, its embedding the target's on its main directions) or `target_layers` (the target's own
-    first `section.layers` blocks with its embedding and head, frozen unless `section.train_embeddings`)."""
+    blocks `section.layers`: its first n, or a list of block indices, with its embedding and head, frozen
+    unless `section.train_embeddings`)."""
     from specbench.kit.distill import draft_from_target
     from specbench.zoo import train as zoo_train
 
     cfg = kit.build.drafts
     if str(section.init) == "target_layers":
-        model = draft_from_target(target.model, int(section.layers))
+        layers = section.layers
+        model = draft_from_target(target.model, layers if isinstance(layers, int) else list(layers))
         if not bool(section.get("train_embeddings", True)):
             # the target's embedding and head, frozen: a shipped draft stores them once, with the target
             for module in (model.get_input_embeddings(), model.get_output_embeddings()):

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specbench.core.errors import SpecbenchError
+
 
 @dataclass
 class Rows:
@@ -103,21 +105,42 @@ def answer_logits(model: torch.nn.Module, ids: torch.Tensor, at_b: torch.Tensor,
     return model.get_output_embeddings()(hidden[at_b, at_t])
 
 
-def draft_from_target(target: torch.nn.Module, layers: int) -> torch.nn.Module:
-    """A draft made of the target's own first `layers` blocks with its embedding, final norm and LM
-    head (copies: the target is never changed), the config the target's with fewer layers."""
+def draft_layers(layers: int | Sequence[int], total: int) -> list[int]:
+    """The target's blocks a draft keeps: `n` (the first n) or a list of block indices (negative count
+    from the end, as Python's), in order, each once."""
+    picked = list(range(int(layers))) if isinstance(layers, int) else [int(i) % total if -total <= int(i) < total
+                                                                       else int(i) for i in layers]
+    if not picked or any(not 0 <= i < total for i in picked) or picked != sorted(set(picked)):
+        raise SpecbenchError(f"a draft's layers must be a count in 1..{total} or increasing block indices in "
+                             f"0..{total - 1} (negative from the end), got {layers!r}")
+    return picked
+
+
+def draft_from_target(target: torch.nn.Module, layers: int | Sequence[int]) -> torch.nn.Module:
+    """A draft made of the target's own blocks `layers` (the first n, or a list of block indices: the
+    first and last blocks make a draft that skips the middle ones) with its embedding, final norm and
+    LM head (copies: the target is never changed), the config the target's with those blocks."""
     import copy
 
     from transformers import AutoModelForCausalLM
 
+    total = int(target.config.num_hidden_layers)
+    picked = draft_layers(layers, total)
     config = copy.deepcopy(target.config)
-    config.num_hidden_layers = int(layers)
-    for key in ("layer_types",):  # per-layer lists follow the layer count
+    config.num_hidden_layers = len(picked)
+    for key in ("layer_types",):  # per-layer lists follow the blocks kept
         if isinstance(getattr(config, key, None), list):
-            setattr(config, key, getattr(config, key)[:layers])
+            setattr(config, key, [getattr(config, key)[i] for i in picked])
     draft = AutoModelForCausalLM.from_config(config).float()
-    state = {k: v for k, v in target.state_dict().items()
-             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    renumber = {f"model.layers.{i}.": f"model.layers.{j}." for j, i in enumerate(picked)}
+    state = {}
+    for k, v in target.state_dict().items():
+        if not k.startswith("model.layers."):
+            state[k] = v
+            continue
+        prefix = ".".join(k.split(".")[:3]) + "."
+        if prefix in renumber:
+            state[renumber[prefix] + k[len(prefix):]] = v
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if "rotary" not in k]:
         raise RuntimeError(f"draft from target: missing {missing}, unexpected {unexpected}")

@@ -1,0 +1,91 @@
+"""Recipe trials on a kit's first corpus shards: drafts and EAGLE heads trained with changed settings,
+each measured on the held-out rows (top-1 agreement and chain acceptance per depth), to choose a
+recipe before training on the whole corpus.
+
+    python scripts/kit_trials.py --set build.corpus.shards=4 draft \\
+        '[{"name": "tl2", "section": {"init": "target_layers", "layers": 2, "epochs": 1, "lr": 1e-3}}]'
+    python scripts/kit_trials.py --set build.corpus.shards=4 eagle '[{"name": "e12", "cfg": {"epochs": 12}}]'
+
+A draft variant changes `build.drafts.draft` (`section`) and may scale the final norm's weight at the
+start (`norm_scale`: smaller starting logits); an EAGLE variant changes `build.heads.eagle` (`cfg`).
+Each variant prints one `RESULT {json}` line (its held-out measurements, the time it took).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from omegaconf import OmegaConf
+
+    from specbench.kit import build as kb
+    from specbench.kit import load_kit
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kit", default="smollm2")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a kit setting changed for every trial (e.g. build.corpus.shards=4); repeatable")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("part", choices=("draft", "eagle"))
+    parser.add_argument("variants", help="a JSON list of variants, each with a `name`")
+    opts = parser.parse_args(argv)
+    torch.set_num_threads(opts.threads)
+    kit = OmegaConf.merge(load_kit(opts.kit), OmegaConf.from_dotlist(opts.set))
+    rows, held = kb.split_rows(kit, kb.read_corpus(kb.ensure_group(kit, "corpus")))
+    target = kb._load_target(kit, torch.float32)
+    trial = draft_trial if opts.part == "draft" else eagle_trial
+    for variant in json.loads(opts.variants):
+        start = time.perf_counter()
+        result = trial(kit, rows, held, target, variant)
+        print("RESULT", json.dumps({"name": variant["name"], "seconds": round(time.perf_counter() - start),
+                                    **result}), flush=True)
+    return 0
+
+
+def draft_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) -> dict:
+    from omegaconf import OmegaConf
+
+    from specbench.kit import build as kb
+    from specbench.kit.distill import Rows, train_draft
+    from specbench.zoo import train as zoo_train
+
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    train, held_rows = Rows.of(rows, kb.soft_targets(kit, rows)), Rows.of(held, kb.soft_targets(kit, held))
+    section = OmegaConf.merge(kit.build.drafts.draft, OmegaConf.create(variant.get("section", {})))
+    model = kb.make_draft(kit, section, target, tok, int(kit.build.seed))
+    if variant.get("norm_scale"):
+        with torch.no_grad():
+            model.get_decoder().norm.weight.mul_(float(variant["norm_scale"]))
+    stats = train_draft(model, train, held_rows, section, pad_id=pad, seed=int(kit.build.seed), desc=variant["name"],
+                        compute_dtype=zoo_train.autocast_dtype(str(kit.build.drafts.dtype)))
+    return {"train_answer_tokens": train.answer_tokens, "steps": stats.steps,
+            "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "curve": [c.as_dict() for c in stats.curve]}
+
+
+def eagle_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) -> dict:
+    from omegaconf import OmegaConf
+
+    from specbench.heads.train import train_eagle
+    from specbench.kit import build as kb
+    from specbench.kit.heads import eagle_chain, steps_for
+
+    states, held_states = kb.corpus_states(kit, rows, target), kb.corpus_states(kit, held, target)
+    cfg = OmegaConf.to_container(OmegaConf.merge(kit.build.heads.eagle, OmegaConf.create(variant.get("cfg", {}))),
+                                 resolve=True)
+    cfg = steps_for(cfg, states.drafting_positions, int(cfg["batch_rows"]) * int(cfg["window"]))
+    head, stats = train_eagle(states.features(), target.model.get_input_embeddings(),
+                              target.model.get_output_embeddings(), target.model.config, **cfg,
+                              seed=int(kit.build.seed) + 6, desc=variant["name"])
+    return {"positions": states.drafting_positions, "steps": cfg["steps"], "train": stats.as_dict(),
+            "heldout_chain": [round(c, 4) for c in eagle_chain(head, held_states, target.model)]}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
