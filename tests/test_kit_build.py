@@ -73,13 +73,15 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
     assert len(rows) >= 12 and all(r["turns"] and r["prompt_ids"] for r in rows)
     assert {r["shard"] for r in rows} == {0, 1} and {"math", "foreign"} <= {r["category"] for r in rows}
     assert all(0 < len(r["answer_ids"]) <= 12 for r in rows)
-    for group in ("datastore", "drafts", "heads"):
+    for group in ("datastore", "drafts", *build.HEAD_GROUPS):
         folder = build.ensure_group(kit, group)
         card = json.loads((folder / build.CARD).read_text())
         assert card["group"] == group and card["build_seconds"] >= 0 and card["settings"]["code"]
     assert 0 < sum(r["heldout"] for r in rows) < len(rows)
-    heads = json.loads((build.group_dir(kit, "heads") / build.CARD).read_text())["heads"]
-    assert heads["drafting_positions"] == sum(len(r["answer_ids"]) for r in rows if not r["heldout"])
+    heads = {name: json.loads((build.group_dir(kit, name) / build.CARD).read_text())[name]
+             for name in build.HEAD_GROUPS}
+    assert {h["drafting_positions"] for h in heads.values()} == {
+        sum(len(r["answer_ids"]) for r in rows if not r["heldout"])}
     for name, depths in (("medusa", 2), ("eagle", 1), ("eagle3", 1), ("ppd", 1)):  # measured on held-out rows
         assert len(heads[name]["heldout_top1"]) == depths and all(0 <= v <= 1 for v in heads[name]["heldout_top1"])
     chain = heads["eagle"]["heldout_chain"]  # drafting on its own states: each depth at most the one before
@@ -89,13 +91,17 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
     assert drafts["heldout_rows"] == sum(r["heldout"] for r in rows) and drafts["train_rows"] == len(rows) - sum(
         r["heldout"] for r in rows)
     # built once: a second call reads the cache
-    before = (build.group_dir(kit, "heads") / build.CARD).stat().st_mtime_ns
-    build.ensure_group(kit, "heads")
-    assert (build.group_dir(kit, "heads") / build.CARD).stat().st_mtime_ns == before
-    # a change of a group's settings builds that group anew, not the ones it reads
+    before = (build.group_dir(kit, "eagle") / build.CARD).stat().st_mtime_ns
+    build.ensure_group(kit, "eagle")
+    assert (build.group_dir(kit, "eagle") / build.CARD).stat().st_mtime_ns == before
+    # a change of a group's settings builds that group anew, not the ones it reads nor the other heads
     changed = OmegaConf.merge(kit, {"build": {"heads": {"eagle": {"steps": 4}}}})
-    assert build.group_dir(changed, "heads") != build.group_dir(kit, "heads")
-    assert build.group_dir(changed, "drafts") == build.group_dir(kit, "drafts")
+    assert build.group_dir(changed, "eagle") != build.group_dir(kit, "eagle")
+    assert all(build.group_dir(changed, g) == build.group_dir(kit, g) for g in ("drafts", "medusa", "specdec"))
+    # a draft's change rebuilds SpecDec's drafter (fine-tuned from it), not the heads that never read it
+    redrafted = OmegaConf.merge(kit, {"build": {"drafts": {"draft": {"lr": 2e-3}}}})
+    assert build.group_dir(redrafted, "specdec") != build.group_dir(kit, "specdec")
+    assert build.group_dir(redrafted, "eagle") == build.group_dir(kit, "eagle")
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle3", "medusa", "hydra", "ppd", "specdec", "sps", "sps_plain",
@@ -119,7 +125,7 @@ def test_shipped_parts_are_restored_for_their_target_and_never_trained(kit, tiny
     from safetensors.torch import load_file
 
     target = tiny_models["llama"]
-    built = [build.ensure_group(kit, "drafts"), build.ensure_group(kit, "heads")]
+    built = [build.ensure_group(kit, g) for g in ("drafts", *build.HEAD_GROUPS)]
     draft_before = load_file(str(built[0] / "draft" / "model.safetensors"))
     target_tensors = load_file(str(target / "model.safetensors"))
     # the frozen embedding and head were not trained: equal to the target's
@@ -135,9 +141,9 @@ def test_shipped_parts_are_restored_for_their_target_and_never_trained(kit, tiny
     # a machine with an empty cache restores both groups from them and trains nothing
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(shipped.WEIGHTS_VAR, str(out))
-    for group in ("corpus", "drafts", "heads"):
+    for group in ("corpus", "drafts", *build.HEAD_GROUPS):
         monkeypatch.setitem(build.BUILDERS, group, lambda *a: pytest.fail("built although shipped"))
-    restored = build.ensure_group(kit, "heads")
+    restored = build.ensure_group(kit, "eagle")
     assert restored != built[1] and read_origin(restored)["source"] == "shipped"
     draft = build.ensure_group(kit, "drafts")
     assert read_origin(draft)["fingerprint"] == manifest["kits"]["testkit"]["fingerprint"]
@@ -148,3 +154,35 @@ def test_shipped_parts_are_restored_for_their_target_and_never_trained(kit, tiny
     again = shipped.ship([], out, {}, "test-2")
     assert again["files"] == manifest["files"] and again["kits"] == manifest["kits"]
     assert again["fingerprint"] == shipped.release_fingerprint({}) == manifest["fingerprint"]
+
+
+def test_ship_keeps_the_parts_another_machine_shipped_and_names_the_unbuilt(kit, tiny_models, tmp_path, monkeypatch,
+                                                                           capsys):
+    import argparse
+
+    from specbench.kit import cli, source
+
+    monkeypatch.setattr(source, "ensure_target", lambda kit, source=None: tiny_models["llama"])
+    built = {g: build.ensure_group(kit, g) for g in ("drafts", *build.HEAD_GROUPS)}
+    out = tmp_path / "weights"
+    opts = argparse.Namespace(storage=[], measured=None, out=str(out))
+    # the first machine: every group built, Hydra's head not (new settings: it would train on first use)
+    kit = OmegaConf.merge(kit, {"build": {"heads": {"hydra": {"steps": 4}}}})
+    assert all(build.group_dir(kit, g) == folder for g, folder in built.items())
+    hydra = build.trained_dir(kit, *build.kit_recipe(kit, "hydra"), "hydra")
+    assert not (hydra / "part.json").is_file()
+    assert cli.ship_main(kit, opts) == 0
+    said = capsys.readouterr().out
+    assert "not built here nor shipped before, so not shipped: hydra" in said
+    first = shipped.read_manifest(out)
+    assert {build.shipped_key(f) for f in built.values()} <= set(first["folders"])
+    # the next machine, its cache empty, ships again: every part restored from the shipped weights, none trained
+    monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(shipped.WEIGHTS_VAR, str(out))
+    for group in build.BUILDERS:
+        monkeypatch.setitem(build.BUILDERS, group, lambda *a: pytest.fail("built although shipped"))
+    assert cli.ship_main(kit, opts) == 0
+    again = shipped.read_manifest(out)
+    # the same bytes: shipping twice makes no new files for git (the header's metadata in a fixed order)
+    assert again["folders"].keys() == first["folders"].keys() and again["files"] == first["files"]
+    assert all((build.group_dir(kit, g) / build.CARD).is_file() for g in built)  # restored into the new cache

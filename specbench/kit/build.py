@@ -1,16 +1,17 @@
 """A kit's parts, built on its target once per machine and cached: what `KIT:NAME` resolves to.
 
 Every part is learned from the target's own answers (self-distillation, as Medusa-2 and EAGLE
-regenerate their training data with the target): the `corpus` group has the target answer
-synthetic instructions (specbench.synth, seeds of their own: never benchmark questions), greedy,
-rendered exactly as the harness renders a prompt. The other groups read that corpus:
+regenerate their training data with the target): the `corpus` group holds the target's own kind of
+text (specbench.kit.corpus: user turns it writes itself and prompts of the benchmark's six shapes,
+never benchmark questions, answered greedily and sampled, in shards). The other groups read it:
 
 - `datastore`: REST's suffix-array datastore over the rendered conversations;
 - `drafts`: `draft` (a small Llama distilled from the target's next-token distribution) and
   `draft_plain` (the same shape on hard labels only), SpS / SpecInfer / Online Speculative
   Decoding's drafters;
-- `heads`: EAGLE, EAGLE-3, Medusa and PPD heads and SpecDec's drafter (specbench.heads.train,
-  the target frozen);
+- `eagle`, `eagle3`, `medusa`, `ppd`, `specdec` (together: `heads`): EAGLE, EAGLE-3, Medusa and PPD
+  heads and SpecDec's drafter (specbench.kit.heads, the target frozen), each a group of its own, so
+  that one head's training (hours on a CPU) is built, cached and shipped apart from the others;
 - the head of every method that trains its own (Hydra, a methods/ folder's; specbench.heads.recipe),
   one folder each, `<method>-<key of its settings, recipe and corpus>`.
 
@@ -39,12 +40,19 @@ from specbench.kit.source import ensure_target, kit_dir, recorded_target
 CARD = "card.json"
 #: Bump when a change here changes what a build produces.
 KIT_CODE_VERSION = "kit-2"
+#: the heads a kit trains, each a group of its own (specbench.kit.heads.train_head)
+HEAD_GROUPS = ("eagle", "eagle3", "medusa", "ppd", "specdec")
 #: part name -> the group that builds it
 PARTS = {"corpus": "corpus", "datastore": "datastore", "draft": "drafts", "draft_plain": "drafts",
-         "eagle": "heads", "eagle3": "heads", "medusa": "heads", "ppd": "heads",
-         "specdec": "heads"}
+         **{head: head for head in HEAD_GROUPS}}
 #: groups a group reads (their settings enter its hash)
-NEEDS = {"corpus": (), "datastore": ("corpus",), "drafts": ("corpus",), "heads": ("corpus", "drafts")}
+NEEDS = {"corpus": (), "datastore": ("corpus",), "drafts": ("corpus",),
+         **{head: ("corpus", "drafts") if head == "specdec" else ("corpus",) for head in HEAD_GROUPS}}
+
+
+def expand_groups(names: list[str]) -> list[str]:
+    """Group names with `heads` standing for every head group (the build's and the cli's word for them)."""
+    return [g for name in names for g in (HEAD_GROUPS if name == "heads" else (name,))]
 
 
 def target_id(kit: DictConfig) -> str:
@@ -56,9 +64,14 @@ def target_id(kit: DictConfig) -> str:
 
 
 def group_settings(kit: DictConfig, group: str) -> dict:
-    """The settings a group's build depends on: its own section and those of the groups it reads."""
+    """The settings a group's build depends on: its own section (a head's: `build.heads.<head>`) and
+    those of the groups it reads."""
     build = OmegaConf.to_container(kit.build, resolve=True)
-    out = {g: build.get(g) for g in (group, *NEEDS[group])}
+
+    def section(g: str) -> Any:
+        return (build.get("heads") or {}).get(g) if g in HEAD_GROUPS else build.get(g)
+
+    out = {g: section(g) for g in (group, *NEEDS[group])}
     out.update({"code": KIT_CODE_VERSION, "seed": build.get("seed"), "heldout_fraction": build.get("heldout_fraction")})
     return out
 
@@ -176,6 +189,21 @@ def _cached(kit: DictConfig, final: Path, card: str, build: Callable[[Path], Non
         shipped.mark_local(tmp)
 
     return build_once(final, card, fill_or_build, rebuild=stale)
+
+
+def restored(kit: DictConfig, final: Path, card: str) -> bool:
+    """Whether the cache folder `final` is there, restored from the shipped weights when they hold it
+    (never built here): `kit ship` keeps the parts that another machine trained and shipped."""
+    from specbench.zoo import shipped
+
+    if (final / card).is_file():
+        return True
+    key = shipped_key(final)
+    manifest = shipped.read_manifest(shipped.weights_root())
+    if manifest is None or key not in manifest["folders"]:
+        return False
+    build_once(final, card, lambda tmp: shipped.fill(final, tmp, key, ensure_target(kit)))
+    return True
 
 
 def _corpus_head_data() -> type:
@@ -489,29 +517,38 @@ def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:
     return CorpusStates(rows, shard_rows, place.cache, spec, loader, pad)
 
 
-def build_heads(kit: DictConfig, inputs: dict, out: Path) -> dict:
-    """EAGLE, EAGLE-3, Medusa, PPD and SpecDec's drafter (from the kit's distilled draft), the
+def build_head(kit: DictConfig, inputs: dict, out: Path, part: str) -> dict:
+    """The head `part` (EAGLE, EAGLE-3, Medusa, PPD, or SpecDec's drafter from the kit's draft), the
     target frozen, on every training row of the corpus with losses on answer tokens
     (specbench.kit.heads: the zoo's training loops over the shards' stored target states)."""
     from transformers import AutoModelForCausalLM
 
-    from specbench.kit.heads import train_heads
+    from specbench.kit.heads import train_head
 
     target = _load_target(kit, torch.float32)
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
     states, held_states = corpus_states(kit, rows, target), corpus_states(kit, held, target)
-    draft = AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval()
-    card = train_heads(OmegaConf.to_container(kit.build.heads, resolve=True), states, held_states, target.model,
-                       target.tokenizer, draft, f"{kit.name}:target", str(kit.name), int(kit.build.seed), out)
-    return {"heads": card, "train_rows": len(rows), "heldout_rows": len(held)}
+
+    def draft() -> torch.nn.Module:
+        return AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval()
+
+    card = train_head(part, OmegaConf.to_container(kit.build.heads, resolve=True), states, held_states,
+                      target.model, target.tokenizer, draft, f"{kit.name}:target", str(kit.name),
+                      int(kit.build.seed), out)
+    return {part: card, "train_rows": len(rows), "heldout_rows": len(held)}
+
+
+def _head_builder(part: str) -> Callable[[DictConfig, dict, Path], dict]:
+    return lambda kit, inputs, out: build_head(kit, inputs, out, part)
 
 
 BUILDERS: dict[str, Callable[[DictConfig, dict, Path], dict]] = {
-    "corpus": build_corpus, "datastore": build_datastore, "drafts": build_drafts, "heads": build_heads,
+    "corpus": build_corpus, "datastore": build_datastore, "drafts": build_drafts,
+    **{head: _head_builder(head) for head in HEAD_GROUPS},
 }
 BUILD_NOTES = {
     "corpus": "the target writes its own prompts and answers them, in shards: hours on 2 CPU cores",
     "datastore": "seconds",
     "drafts": "two small Llamas distilled from the corpus",
-    "heads": "five heads trained on the frozen target",
+    **{head: f"the {head} head trained on the frozen target" for head in HEAD_GROUPS},
 }

@@ -20,8 +20,9 @@ def _parser() -> ArgumentParser:
                        help="where from (default: the kit's `source`; a new choice replaces the recorded one)")
     build = sub.add_parser("build", help="build the kit's parts (or reuse the cached ones) and print their cards")
     build.add_argument("--parts", default="corpus,datastore",
-                       help="comma-separated groups to build: corpus, datastore, drafts, heads (heads: the heads "
-                            "group and the head of every method that trains its own) (default: %(default)s)")
+                       help="comma-separated groups to build: corpus, datastore, drafts, eagle, eagle3, medusa, "
+                            "ppd, specdec, heads (heads: those five and the head of every method that trains its "
+                            "own) (default: %(default)s)")
     corpus = sub.add_parser("corpus", help="make the kit's corpus shards (each kept as it finishes: a stopped build "
                                            "resumes at the first missing shard) and print their cards")
     corpus.add_argument("--shards", default=None, metavar="A-B",
@@ -55,6 +56,7 @@ def kit_main(argv: list[str]) -> int:
         corpus_place,
         ensure_group,
         ensure_trained,
+        expand_groups,
         group_dir,
         kit_recipe,
         trained_dir,
@@ -74,18 +76,18 @@ def kit_main(argv: list[str]) -> int:
     if opts.action == "ship":
         return ship_main(kit, opts)
     if opts.action == "build":
-        groups = [g.strip() for g in opts.parts.split(",") if g.strip()]
-        unknown = [g for g in groups if g not in NEEDS]
+        names = [g.strip() for g in opts.parts.split(",") if g.strip()]
+        unknown = [g for g in names if g not in NEEDS and g != "heads"]
         if unknown:
-            raise SpecbenchError(f"unknown part group(s) {', '.join(unknown)}; use {', '.join(NEEDS)}")
-        for group in groups:
+            raise SpecbenchError(f"unknown part group(s) {', '.join(unknown)}; use {', '.join(NEEDS)} or heads")
+        for group in expand_groups(names):
             folder = ensure_group(kit, group)
             card = json.loads((folder / CARD).read_text())
             print(f"{kit.name} {group}: {folder} (built in {card['build_seconds']:.0f} s)")
-            for method in trained_methods() if group == "heads" else ():
-                folder = ensure_trained(kit, method)
-                card = json.loads((folder / PART_CARD).read_text())
-                print(f"{kit.name} {method} head: {folder} (trained in {card['build_seconds']:.0f} s)")
+        for method in trained_methods() if "heads" in names else ():
+            folder = ensure_trained(kit, method)
+            card = json.loads((folder / PART_CARD).read_text())
+            print(f"{kit.name} {method} head: {folder} (trained in {card['build_seconds']:.0f} s)")
         return 0
     record = recorded_target(kit)
     if record is None:
@@ -162,24 +164,39 @@ def skip_sets(target_folder: str) -> list[dict]:
 
 
 def ship_main(kit, opts) -> int:
-    """`kit ship NAME`: the built drafts and heads of the fetched target into the weights folder."""
+    """`kit ship NAME`: the fetched target's drafts and heads into the weights folder: each part built
+    here, or shipped before (restored, so a part trained in another session on another machine stays
+    shipped); a part neither built nor shipped is named and left out."""
     from pathlib import Path
 
     from specbench.heads.recipe import PART_CARD
-    from specbench.kit.build import CARD, group_dir, kit_recipe, target_id, trained_dir, trained_methods
+    from specbench.kit.build import (
+        CARD,
+        HEAD_GROUPS,
+        group_dir,
+        kit_recipe,
+        restored,
+        target_id,
+        trained_dir,
+        trained_methods,
+    )
     from specbench.kit.source import ensure_target
     from specbench.zoo import shipped
 
     storage = shipped.parse_storage(opts.storage)
-    folders = [(group_dir(kit, group), CARD) for group in ("drafts", "heads")]
-    folders += [(trained_dir(kit, *kit_recipe(kit, method), method), PART_CARD) for method in trained_methods()]
-    unbuilt = [str(folder) for folder, card in folders if not (folder / card).is_file()]
-    if unbuilt:
-        raise SpecbenchError(f"{kit.name}'s parts are not all built ({', '.join(unbuilt)}); run "
-                             f"`python -m specbench kit build {kit.name} --parts drafts,heads` first")
+    parts = [(group, group_dir(kit, group), CARD) for group in ("drafts", *HEAD_GROUPS)]
+    parts += [(method, trained_dir(kit, *kit_recipe(kit, method), method), PART_CARD) for method in trained_methods()]
+    # a part trained on another machine and shipped before is restored here (nothing trained) and shipped again
+    have = [(name, restored(kit, folder, card)) for name, folder, card in parts]
+    folders = [folder for (_, folder, _), (_, ok) in zip(parts, have) if ok]
+    if not folders:
+        raise SpecbenchError(f"none of {kit.name}'s drafts and heads is built or shipped; build them first "
+                             f"(`python -m specbench kit build {kit.name} --parts drafts,heads`, or a head alone)")
+    if unbuilt := [name for name, ok in have if not ok]:
+        print(f"{kit.name}: not built here nor shipped before, so not shipped: {', '.join(unbuilt)}")
     out = shipped.weights_folder(opts.out)
     measured = json.loads(Path(opts.measured).read_text()) if opts.measured else None
-    manifest = shipped.ship_kit(str(kit.name), target_id(kit), [f for f, _ in folders], ensure_target(kit), out,
+    manifest = shipped.ship_kit(str(kit.name), target_id(kit), folders, ensure_target(kit), out,
                                 storage, measured)
     mine = f"{shipped.KITS_DIR}/{kit.name}/"
     size = sum(e["bytes"] for n, e in manifest["files"].items() if n.startswith(mine))

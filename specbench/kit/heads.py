@@ -90,11 +90,18 @@ def steps_for(section: dict, positions: int, per_step: int) -> dict:
     return out
 
 
-def train_heads(cfg: dict, states: CorpusStates, held: CorpusStates, target: torch.nn.Module, tokenizer: Any,
-                draft: torch.nn.Module, base: str, label: str, seed: int, out: Any) -> dict:
-    """EAGLE, EAGLE-3, Medusa, PPD's exit head and SpecDec's drafter on every training row of the
-    corpus (`cfg`: the kit's `build.heads`, each section's `epochs` as steps), saved into `out`;
-    the card's stats, with each head's agreement on the held-out rows `held`."""
+#: each head a kit trains itself (its own part: specbench.kit.build.HEAD_GROUPS) and its seed's offset
+#: from the kit's seed; Hydra and a methods/ folder's heads train through their recipes (specbench.heads.recipe)
+SEED_OFFSETS = {"medusa": 5, "eagle": 6, "ppd": 8, "eagle3": 9, "specdec": 10}
+
+
+def train_head(part: str, cfg: dict, states: CorpusStates, held: CorpusStates, target: torch.nn.Module,
+               tokenizer: Any, draft: Callable[[], torch.nn.Module], base: str, label: str, seed: int,
+               out: Any) -> dict:
+    """The head `part` (one of SEED_OFFSETS: EAGLE, EAGLE-3, Medusa, PPD's exit head, SpecDec's drafter from
+    the kit's distilled draft, loaded by `draft`) trained on every training row of the corpus (`cfg`: the
+    kit's `build.heads`, the section's `epochs` as steps), saved into `out/<part>`; its card: the
+    settings and stats, with its agreement on the held-out rows `held`."""
     import time
 
     from specbench.heads.eagle import save_eagle
@@ -112,63 +119,65 @@ def train_heads(cfg: dict, states: CorpusStates, held: CorpusStates, target: tor
 
     positions = states.drafting_positions
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
-    card: dict[str, Any] = {"rows": len(states.rows), "drafting_positions": positions, "seconds": {}}
+    seed += SEED_OFFSETS[part]
+    desc = f"{label} {part} head"
+    seconds: dict[str, float] = {}
 
     def timed(name: str, run: Callable[[], Any]) -> Any:
         start = time.perf_counter()
         result = run()
-        card["seconds"][name] = round(time.perf_counter() - start, 1)
+        seconds[name] = round(time.perf_counter() - start, 1)
         return result
 
+    def settings(per_step: int, *drop: str) -> dict:
+        return {k: v for k, v in steps_for(cfg[part], positions, per_step).items() if k not in drop}
+
     timed("states", states.ensure)
-    data = states.features()
-    medusa_cfg = steps_for(cfg["medusa"], positions, int(cfg["medusa"].get("batch_positions", 1024)))
-    medusa, stats = timed("medusa", lambda: train_medusa(data, lm_head, **medusa_cfg, seed=seed + 5,
-                                                         desc=f"{label} medusa head"))
-    save_medusa(medusa, out / "medusa", base)
-    card["medusa"] = {"params": sum(p.numel() for p in medusa.parameters()), **medusa_cfg, **stats.as_dict()}
-    eagle_cfg = steps_for(cfg["eagle"], positions, int(cfg["eagle"]["batch_rows"]) * int(cfg["eagle"]["window"]))
-    eagle, stats = timed("eagle", lambda: train_eagle(data, embed, lm_head, target.config, **eagle_cfg, seed=seed + 6,
-                                                      desc=f"{label} eagle head"))
-    save_eagle(eagle, out / "eagle", base)
-    card["eagle"] = {"params": sum(p.numel() for p in eagle.parameters()), **eagle_cfg, **stats.as_dict()}
-    exit_layer = states.spec.exit_layer
-    ppd_cfg = {k: v for k, v in steps_for(cfg["ppd"], positions, int(cfg["ppd"].get("batch_positions", 1024))).items()
-               if k != "exit_layer"}
-    n_layers = int(target.config.num_hidden_layers)
-    ppd, stats = timed("ppd", lambda: train_exit_head(data, states.view("exit"), lm_head, exit_layer=exit_layer,
-                                                      num_layers=n_layers, **ppd_cfg, seed=seed + 8,
-                                                      desc=f"{label} ppd exit head"))
-    states.release("exit")
-    save_exit_head(ppd, out / "ppd", int(lm_head.weight.shape[0]), base)
-    card["ppd"] = {"params": sum(p.numel() for p in ppd.parameters()), "exit_layer": exit_layer, **ppd_cfg,
-                   **stats.as_dict()}
-    fused = states.features(fused=True)
-    eagle3_cfg = {k: v for k, v in steps_for(cfg["eagle3"], positions,
-                                             int(cfg["eagle3"]["batch_rows"]) * int(cfg["eagle3"]["window"])).items()
-                  if k != "layers"}
-    eagle3, stats = timed("eagle3", lambda: train_eagle3(fused, embed, lm_head, target.config, **eagle3_cfg,
-                                                         layers=list(states.spec.fused), seed=seed + 9,
-                                                         desc=f"{label} eagle3 head"))
-    states.release("fused")
-    save_eagle3(eagle3, out / "eagle3", base)
-    card["eagle3"] = {"params": sum(p.numel() for p in eagle3.parameters()), "draft_vocab": eagle3.draft_vocab_size,
-                      **eagle3_cfg, **stats.as_dict()}
-    specdec_cfg = steps_for(cfg["specdec"], positions,
-                            int(cfg["specdec"]["batch_rows"]) * int(cfg["specdec"]["window"]))
-    specdec, queries, stats = timed("specdec", lambda: train_specdec(data, draft, lm_head, **specdec_cfg,
-                                                                     seed=seed + 10, desc=f"{label} specdec drafter"))
-    save_specdec(specdec, queries, tokenizer, out / "specdec", int(lm_head.weight.shape[0]), base)
-    card["specdec"] = {"params": sum(p.numel() for p in specdec.parameters()) + queries.embeddings.numel(),
-                       "block": queries.block, **specdec_cfg, **stats.as_dict()}
-    measured = timed("heldout", lambda: heldout_agreement({"medusa": medusa, "eagle": eagle, "eagle3": eagle3,
-                                                           "ppd": ppd}, held, target))
-    for name, values in measured.items():
-        card[name]["heldout_top1"] = [round(v, 4) for v in values]
-    if held.rows:  # EAGLE (and EAGLE-2's tree on it) drafting on its own states, as at run time
-        chain = timed("heldout_chain", lambda: eagle_chain(eagle, held, target))
-        card["eagle"]["heldout_chain"] = [round(v, 4) for v in chain]
-        card["eagle"]["heldout_mean_accepted_chain"] = round(1 + sum(chain), 4)
+    section = cfg[part]
+    extra: dict[str, Any] = {}
+    if part == "medusa":
+        kw = settings(int(section.get("batch_positions", 1024)))
+        head, stats = timed("train", lambda: train_medusa(states.features(), lm_head, **kw, seed=seed, desc=desc))
+        save_medusa(head, out / part, base)
+    elif part == "eagle":
+        kw = settings(int(section["batch_rows"]) * int(section["window"]))
+        head, stats = timed("train", lambda: train_eagle(states.features(), embed, lm_head, target.config, **kw,
+                                                         seed=seed, desc=desc))
+        save_eagle(head, out / part, base)
+    elif part == "ppd":
+        kw = settings(int(section.get("batch_positions", 1024)), "exit_layer")
+        extra["exit_layer"] = states.spec.exit_layer
+        head, stats = timed("train", lambda: train_exit_head(
+            states.features(), states.view("exit"), lm_head, exit_layer=states.spec.exit_layer,
+            num_layers=int(target.config.num_hidden_layers), **kw, seed=seed, desc=desc))
+        states.release("exit")
+        save_exit_head(head, out / part, int(lm_head.weight.shape[0]), base)
+    elif part == "eagle3":
+        kw = settings(int(section["batch_rows"]) * int(section["window"]), "layers")
+        head, stats = timed("train", lambda: train_eagle3(states.features(fused=True), embed, lm_head, target.config,
+                                                          **kw, layers=list(states.spec.fused), seed=seed,
+                                                          desc=desc))
+        states.release("fused")
+        save_eagle3(head, out / part, base)
+        extra["draft_vocab"] = head.draft_vocab_size
+    elif part == "specdec":
+        kw = settings(int(section["batch_rows"]) * int(section["window"]))
+        head, queries, stats = timed("train", lambda: train_specdec(states.features(), draft(), lm_head, **kw,
+                                                                    seed=seed, desc=desc))
+        save_specdec(head, queries, tokenizer, out / part, int(lm_head.weight.shape[0]), base)
+        extra = {"block": queries.block, "query_params": queries.embeddings.numel()}
+    else:
+        raise ValueError(f"no head part {part!r}; the kit's heads: {', '.join(SEED_OFFSETS)}")
+    card: dict[str, Any] = {"rows": len(states.rows), "drafting_positions": positions,
+                            "params": sum(p.numel() for p in head.parameters()), **extra, **kw, **stats.as_dict()}
+    if part != "specdec" and held.rows:
+        measured = timed("heldout", lambda: heldout_agreement({part: head}, held, target))
+        card["heldout_top1"] = [round(v, 4) for v in measured[part]]
+    if part == "eagle" and held.rows:  # EAGLE (and EAGLE-2's tree on it) drafting on its own states, as at run time
+        chain = timed("heldout_chain", lambda: eagle_chain(head, held, target))
+        card["heldout_chain"] = [round(v, 4) for v in chain]
+        card["heldout_mean_accepted_chain"] = round(1 + sum(chain), 4)
+    card["seconds"] = seconds
     return card
 
 

@@ -217,7 +217,6 @@ def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, 
     dtype, the original metadata."""
     import torch
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     metadata, tensors = read_tensors(source)
     how = json.loads(metadata.pop(META_KEY, "{}"))
@@ -234,7 +233,7 @@ def restore_tensors(source: Path, target: Path, root: Path, manifest: dict[str, 
     for key, dtype in how.get("dtypes", {}).items():
         tensors[key] = tensors[key].to(getattr(torch, dtype)).contiguous()
     order = how.get("order") or sorted(tensors)
-    save_file({key: tensors[key] for key in order}, str(target), metadata=metadata or None)
+    save_sorted({key: tensors[key] for key in order}, target, metadata or None)
 
 
 def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[str, Any]) -> None:
@@ -243,7 +242,6 @@ def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[st
     stored target, so a frozen copy stays equal to the target as used), float32 tensors in `storage`.
     Every tensor's dtype and the order are kept in the metadata."""
     import torch
-    from safetensors.torch import save_file
 
     metadata, tensors = read_tensors(source)
     shared, kept = {}, {}
@@ -260,7 +258,24 @@ def store_tensors(source: Path, target: Path, storage: str, shared_pool: dict[st
     dtypes = {key: str(tensor.dtype).removeprefix("torch.") for key, tensor in tensors.items()}
     metadata[META_KEY] = json.dumps({"shared": shared, "dtypes": dtypes, "order": list(tensors)}, sort_keys=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    save_file(kept, str(target), metadata=metadata)
+    save_sorted(kept, target, metadata)
+
+
+def save_sorted(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None) -> None:
+    """`save_file` with the header's metadata in sorted order: safetensors writes it from a hash map, in
+    an order that changes from process to process, so the same tensors shipped twice would get new
+    checksums (and git new blobs)."""
+    from safetensors.torch import save
+
+    data = save(tensors, metadata=metadata)
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > size:  # never: the same keys and values, reordered
+        raise SpecbenchError(f"{path}: the sorted safetensors header is longer than the written one")
+    Path(path).write_bytes(data[:8] + text.ljust(size, b" ") + data[8 + size:])
 
 
 def read_tensors(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
