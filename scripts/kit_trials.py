@@ -6,7 +6,8 @@ recipe before training on the whole corpus.
         '[{"name": "tl2", "section": {"init": "target_layers", "layers": 2, "epochs": 1, "lr": 1e-3}}]'
     python scripts/kit_trials.py --set build.corpus.shards=4 eagle '[{"name": "e12", "cfg": {"epochs": 12}}]'
 
-A draft variant changes `build.drafts.draft` (`section`) and may scale the final norm's weight at the
+A draft variant changes `build.drafts.draft` (`section`: `feature_weight` > 0 also trains it to match
+the target's final states, a draft as wide as the target) and may scale the final norm's weight at the
 start (`norm_scale`: smaller starting logits); an EAGLE variant changes `build.heads.eagle` (`cfg`).
 Each variant prints one `RESULT {json}` line (its held-out measurements, the time it took).
 """
@@ -62,6 +63,8 @@ def draft_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) 
     if variant.get("norm_scale"):
         with torch.no_grad():
             model.get_decoder().norm.weight.mul_(float(variant["norm_scale"]))
+    if float(section.get("feature_weight", 0.0)) > 0:
+        train = train.with_states(kb.corpus_states(kit, rows, target).view("final"))
     stats = train_draft(model, train, held_rows, section, pad_id=pad, seed=int(kit.build.seed), desc=variant["name"],
                         compute_dtype=zoo_train.autocast_dtype(str(kit.build.drafts.dtype)))
     return {"train_answer_tokens": train.answer_tokens, "steps": stats.steps,

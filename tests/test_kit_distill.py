@@ -147,6 +147,39 @@ def test_training_on_the_targets_answers_lowers_the_held_out_kl(tiny_models):
     assert stats.tokens == 8 * train.answer_tokens
 
 
+def test_a_draft_trained_on_the_targets_states_too_comes_closer_to_them(tiny_models):
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    gen = torch.Generator().manual_seed(2)
+    rows = [{"prompt_ids": torch.randint(5, 300, (5,), generator=gen).tolist(),
+             "answer_ids": torch.randint(5, 300, (12,), generator=gen).tolist(), "temperature": 0}
+            for _ in range(12)]
+    ids = torch.tensor([r["prompt_ids"] + r["answer_ids"] for r in rows])
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    final = out.hidden_states[-1]  # the final-norm states, (rows, length, hidden)
+    top = torch.log_softmax(out.logits, -1).topk(4, -1)
+    soft = [(top.indices[i, 4:-1], top.values[i, 4:-1]) for i in range(len(rows))]
+    train = distill.Rows.of(rows[:8], soft[:8]).with_states(final[:8])
+    assert [s.shape for s in train.states] == [(12, target.config.hidden_size)] * 8
+    cfg = {"epochs": 6, "batch_tokens": 64, "evaluations": 1, "chain": 2, "lr": 3e-3, "min_lr_ratio": 0.1,
+           "warmup_steps": 1, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": 0.9}
+    held = distill.Rows.of(rows[8:], soft[8:])
+
+    def distance(feature_weight: float) -> float:
+        draft = distill.draft_from_target(target, 1)
+        distill.train_draft(draft, train, held, OmegaConf.create({**cfg, "feature_weight": feature_weight}),
+                            pad_id=0, seed=0, desc="test", compute_dtype=None)
+        with torch.no_grad():
+            mine = draft.get_decoder()(input_ids=ids[8:]).last_hidden_state[:, 4:-1]
+        return float(torch.nn.functional.smooth_l1_loss(mine, final[8:, 4:-1]))
+
+    assert distance(1.0) < 0.8 * distance(0.0)  # (0.145 against 0.259 when written)
+    with pytest.raises(SpecbenchError, match="feature_weight > 0 needs the target's states"):
+        distill.train_draft(distill.draft_from_target(target, 1), distill.Rows.of(rows[:8], soft[:8]), held,
+                            OmegaConf.create({**cfg, "feature_weight": 1.0}), pad_id=0, seed=0, desc="test",
+                            compute_dtype=None)
+
+
 def test_ragged_states_index_like_the_padded_states_where_kept(tiny_models, monkeypatch):
     from specbench.kit import features as kf
 

@@ -476,6 +476,9 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
         section = cfg[name]
         seed = int(kit.build.seed) + offset
         model = make_draft(kit, section, target, tok, seed)
+        if float(section.get("feature_weight", 0.0)) > 0 and train_rows.states is None:
+            # the target's final states (kept per shard for the heads) as a second target of the draft
+            train_rows = train_rows.with_states(corpus_states(kit, rows, target).view("final"))
         stats = train_draft(model, train_rows, held_rows, section, pad_id=pad, seed=seed, desc=f"{kit.name} {name}",
                             compute_dtype=compute)
         model.eval()

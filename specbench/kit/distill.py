@@ -38,6 +38,9 @@ class Rows:
     soft_ids: list[torch.Tensor]
     soft_logp: list[torch.Tensor]
     greedy: list[bool]
+    #: the target's final-norm state at each answer token's prediction (row i: (answer length, hidden)),
+    #: for a draft trained to match them too (`feature_weight`); None when not loaded
+    states: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -51,6 +54,13 @@ class Rows:
         return cls([torch.tensor(r["prompt_ids"] + r["answer_ids"], dtype=torch.long) for r in rows],
                    [len(r["prompt_ids"]) for r in rows], [s[0] for s in soft], [s[1] for s in soft],
                    [float(r.get("temperature", 0)) <= 0 for r in rows])
+
+    def with_states(self, final: Any) -> Rows:
+        """These rows with the target's final states, read from `final` (a (rows, length, hidden)
+        indexable of the same rows in the same order: specbench.kit.features.Ragged), in bfloat16."""
+        states = [final[torch.tensor(i), slice(p - 1, len(x) - 1)].to(torch.bfloat16)
+                  for i, (x, p) in enumerate(zip(self.ids, self.prompt, strict=True))]
+        return Rows(self.ids, self.prompt, self.soft_ids, self.soft_logp, self.greedy, states)
 
 
 def kd_topk(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
@@ -101,8 +111,12 @@ def _padded(rows: Rows, picked: Sequence[int], pad_id: int) -> tuple[torch.Tenso
 
 def answer_logits(model: torch.nn.Module, ids: torch.Tensor, at_b: torch.Tensor, at_t: torch.Tensor) -> torch.Tensor:
     """The model's logits at the given positions only (the LM head skips the prompt positions)."""
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state
-    return model.get_output_embeddings()(hidden[at_b, at_t])
+    return model.get_output_embeddings()(answer_states(model, ids, at_b, at_t))
+
+
+def answer_states(model: torch.nn.Module, ids: torch.Tensor, at_b: torch.Tensor, at_t: torch.Tensor) -> torch.Tensor:
+    """The model's final-norm states at the given positions (what its LM head reads)."""
+    return model.get_decoder()(input_ids=ids).last_hidden_state[at_b, at_t]
 
 
 def draft_layers(layers: int | Sequence[int], total: int) -> list[int]:
@@ -231,6 +245,9 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
     points = {round(len(plan) * (j + 1) / int(cfg.evaluations)) - 1 for j in range(int(cfg.evaluations))}
     opt = adamw(model, cfg)
     kd_alpha = float(cfg.kd_alpha)
+    feature_weight = float(cfg.get("feature_weight", 0.0))
+    if feature_weight > 0 and train.states is None:
+        raise SpecbenchError("feature_weight > 0 needs the target's states of the training rows (Rows.with_states)")
     chain = int(cfg.chain)
     model.train()
     curve = [evaluate(model, held, pad_id, chain=chain, tokens=0, compute_dtype=compute_dtype)]
@@ -242,13 +259,17 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
             group["lr"] = lr_at(step, len(plan), cfg)
         ids, at_b, at_t = _padded(train, picked, pad_id)
         with torch.autocast("cpu", dtype=compute_dtype or torch.bfloat16, enabled=compute_dtype is not None):
-            logits = answer_logits(model, ids, at_b, at_t)
+            hidden = answer_states(model, ids, at_b, at_t)
+            logits = model.get_output_embeddings()(hidden)
         labels = ids[at_b, at_t + 1]
         loss = F.cross_entropy(logits.float(), labels)
         if kd_alpha > 0:
             t_ids = torch.cat([train.soft_ids[i] for i in picked])
             t_logp = torch.cat([train.soft_logp[i] for i in picked])
             loss = kd_alpha * kd_topk(logits, t_ids, t_logp).mean() + (1 - kd_alpha) * loss
+        if feature_weight > 0:  # the target's own state before its LM head: a dense signal at every position
+            wanted = torch.cat([train.states[i] for i in picked]).float()
+            loss = loss + feature_weight * F.smooth_l1_loss(hidden.float(), wanted)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg.grad_clip))
