@@ -524,19 +524,13 @@ def build_head(kit: DictConfig, inputs: dict, out: Path, part: str) -> dict:
     """The head `part` (EAGLE, EAGLE-3, Medusa, PPD, or SpecDec's drafter from the kit's draft), the
     target frozen, on every training row of the corpus with losses on answer tokens
     (specbench.kit.heads: the zoo's training loops over the shards' stored target states)."""
-    from transformers import AutoModelForCausalLM
-
     from specbench.kit.heads import train_head
 
     target = _load_target(kit, torch.float32)
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
     states, held_states = corpus_states(kit, rows, target), corpus_states(kit, held, target)
-
-    def draft() -> torch.nn.Module:
-        return AutoModelForCausalLM.from_pretrained(inputs["drafts"] / "draft", dtype=torch.float32).eval()
-
     card = train_head(part, OmegaConf.to_container(kit.build.heads, resolve=True), states, held_states,
-                      target.model, target.tokenizer, draft, f"{kit.name}:target", str(kit.name),
+                      target.model, target.tokenizer, lambda: _load_draft(kit), f"{kit.name}:target", str(kit.name),
                       int(kit.build.seed), out)
     return {part: card, "train_rows": len(rows), "heldout_rows": len(held)}
 
