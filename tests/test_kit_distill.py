@@ -207,6 +207,35 @@ def test_ragged_states_index_like_the_padded_states_where_kept(tiny_models, monk
     assert flat["fused"].shape[-1] == 2 * width and len(flat["exit"]) == len(flat["final"])
 
 
+def test_states_mapped_from_several_shard_files_read_as_the_states_in_memory(tiny_models, monkeypatch, tmp_path):
+    from safetensors.torch import save_file
+
+    from specbench.kit import features as kf
+
+    monkeypatch.setattr(kf, "CONTEXT", 2)
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    gen = torch.Generator().manual_seed(2)
+    rows = [{"prompt_ids": torch.randint(5, 300, (p,), generator=gen).tolist(),
+             "answer_ids": torch.randint(5, 300, (a,), generator=gen).tolist()} for p, a in ((6, 4), (2, 7), (9, 3))]
+    spec = kf.StateSpec(final=True, fused=(0, 1))
+    whole = kf.compute_states(target, rows, spec, batch_tokens=16)
+    shards = {0: rows[:2], 1: rows[2:]}
+    for shard, its in shards.items():
+        save_file(kf.compute_states(target, its, spec, batch_tokens=16), str(tmp_path / f"s{shard}.safetensors"))
+    files = {shard: kf.mapped(tmp_path / f"s{shard}.safetensors") for shard in shards}
+    assert torch.equal(torch.cat([files[0]["fused"], files[1]["fused"]]), whole["fused"])
+    picked = [(1, 0), (0, 1), (0, 0)]
+    on_disk = kf.ragged(picked, shards, {s: f["final"] for s, f in files.items()})
+    in_memory = kf.ragged([(0, 2), (0, 1), (0, 0)], {0: rows}, {0: whole["final"]})
+    assert len(on_disk.chunks) == 2
+    everything = (torch.arange(3)[:, None], torch.arange(on_disk.shape[1])[None])
+    assert on_disk.shape == in_memory.shape and torch.equal(on_disk[everything], in_memory[everything])
+    assert on_disk[everything][0].abs().sum() > 0  # the second shard's row is read, not zeros
+    # a window across both shards' rows reads each from its own file
+    window = (torch.tensor([[0], [2]]), torch.arange(4)[None] + 6)
+    assert torch.equal(on_disk[window], in_memory[window])
+
+
 def test_heads_on_a_corpus_learn_only_where_drafting_starts_and_window_near_the_answers():
     from specbench.heads.train import Features
     from specbench.kit.heads import padded_rows, steps_for

@@ -10,12 +10,16 @@ and only where a head reads them: every answer position and the `context` prompt
 `Ragged` serves them to the heads' training loops as if they were a padded (rows, length, width)
 tensor: `x[rows, positions]` with index tensors or a slice gives the stored states and zeros where
 nothing is stored (padding, and prompt positions before the kept context, which no loss reads).
+The shards' files are mapped from disk, never copied whole (`mapped`): EAGLE-3's fused states of a
+whole SmolLM2 corpus are ~12 GB, and a copy of them beside the final states would not fit a 24 GiB
+machine; mapped, the kernel's page cache holds what fits and reads the rest back as it is indexed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -114,13 +118,58 @@ def ensure_states(cache: Path, shard: int, rows: Sequence[dict], spec: StateSpec
     return path
 
 
-class Ragged:
-    """Rows of stored states, indexed as a padded (rows, length, width) float32 tensor would be."""
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64,
+           "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}
 
-    def __init__(self, data: torch.Tensor, base: torch.Tensor, first: torch.Tensor, length: torch.Tensor) -> None:
-        self.data = data  # (N, width): row r's position t at base[r] + t - first[r], for first[r] <= t < length[r]
+
+def mapped(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file mapped from disk, not read: pages are read as the tensors are
+    indexed and stay in the page cache (shared, evictable), so states larger than memory still train.
+    The mapping is copy-on-write: the file is never written through these tensors."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in _DTYPES:
+            raise RuntimeError(f"{path}: tensor {name!r} has dtype {meta['dtype']}, which states files never hold: "
+                               "delete the file (it is recomputed)")
+        dtype = _DTYPES[meta["dtype"]]
+        lo, hi = meta["data_offsets"]
+        count = (hi - lo) // dtype.itemsize
+        flat = (torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + size + lo) if count
+                else torch.empty(0, dtype=dtype))
+        out[name] = flat.view(meta["shape"])
+    return out
+
+
+class Ragged:
+    """Rows of stored states, indexed as a padded (rows, length, width) float32 tensor would be. The
+    states are one (N, width) tensor or several (each shard's, mapped), one after another."""
+
+    def __init__(self, data: torch.Tensor | Sequence[torch.Tensor], base: torch.Tensor, first: torch.Tensor,
+                 length: torch.Tensor) -> None:
+        # row r's position t at flat index base[r] + t - first[r], for first[r] <= t < length[r]
+        self.chunks = [data] if isinstance(data, torch.Tensor) else list(data)
+        sizes = torch.tensor([len(c) for c in self.chunks], dtype=torch.long)
+        self.ends = torch.cumsum(sizes, 0)
+        self.starts = self.ends - sizes
+        self.total = int(self.ends[-1]) if len(sizes) else 0
         self.base, self.first, self.length = base, first, length
-        self.shape = (len(base), int(length.max()) if len(length) else 0, int(data.shape[1]))
+        self.shape = (len(base), int(length.max()) if len(length) else 0, int(self.chunks[0].shape[1]))
+
+    def _take(self, flat: torch.Tensor) -> torch.Tensor:
+        if len(self.chunks) == 1:
+            return self.chunks[0][flat].float()
+        which = torch.bucketize(flat, self.ends, right=True)
+        out = torch.empty((*flat.shape, self.shape[2]), dtype=torch.float32)
+        for c in torch.unique(which).tolist():
+            at = which == c
+            out[at] = self.chunks[c][flat[at] - self.starts[c]].float()
+        return out
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         rows, cols = index
@@ -131,9 +180,8 @@ class Ragged:
                 rows = rows.expand(len(cols))
         rows, cols = torch.broadcast_tensors(rows, torch.as_tensor(cols))
         ok = (cols >= self.first[rows]) & (cols < self.length[rows])
-        flat = (self.base[rows] + cols - self.first[rows]).clamp(0, max(len(self.data) - 1, 0))
-        out = self.data[flat].float()
-        return out * ok[..., None]
+        flat = (self.base[rows] + cols - self.first[rows]).clamp(0, max(self.total - 1, 0))
+        return self._take(flat) * ok[..., None]
 
 
 def ragged(selected: Sequence[tuple[int, int]], shard_rows: dict[int, Sequence[dict]],
@@ -149,9 +197,8 @@ def ragged(selected: Sequence[tuple[int, int]], shard_rows: dict[int, Sequence[d
                                f"its rows {int(sizes.sum())}: delete the states file (it is recomputed)")
         starts[shard] = offset + torch.cumsum(sizes, 0) - sizes
         offset += len(shard_states[shard])
-    data = torch.cat([shard_states[s] for s in shards]) if len(shards) > 1 else shard_states[shards[0]]
     rows = [shard_rows[s][i] for s, i in selected]
     first = torch.tensor([kept_from(len(r["prompt_ids"])) for r in rows])
     length = torch.tensor([_length(r) for r in rows])
     base = torch.stack([starts[s][i] for s, i in selected]) if selected else torch.zeros(0, dtype=torch.long)
-    return Ragged(data, base, first, length)
+    return Ragged([shard_states[s] for s in shards], base, first, length)

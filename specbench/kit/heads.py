@@ -53,17 +53,14 @@ class CorpusStates:
             ensure_states(self.cache, shard, rows, self.spec, self.loader)
 
     def view(self, name: str) -> Any:
-        """The `Ragged` states `name` (final, fused, exit) of the rows, loaded shard by shard."""
-        from safetensors import safe_open
-
+        """The `Ragged` states `name` (final, fused, exit) of the rows, each shard's file mapped (not read
+        into memory: specbench.kit.features.mapped)."""
         if name not in self._tensors:
             self.ensure()
-            from specbench.kit.features import states_file
+            from specbench.kit.features import mapped, states_file
 
-            parts = {}
-            for shard in sorted(self.shard_rows):
-                with safe_open(str(states_file(self.cache, shard, self.spec)), framework="pt") as fh:
-                    parts[shard] = fh.get_tensor(name)
+            parts = {shard: mapped(states_file(self.cache, shard, self.spec))[name]
+                     for shard in sorted(self.shard_rows)}
             self._tensors[name] = ragged([(int(r["shard"]), int(r["row"])) for r in self.rows], self.shard_rows,
                                          parts)
         return self._tensors[name]
