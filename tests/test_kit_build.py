@@ -113,6 +113,26 @@ def test_every_part_serves_its_method_losslessly(kit, tiny_models, name):
     assert_matches_baseline(method, target, lengths=(6,))
 
 
+def test_a_recipe_head_trains_the_epochs_a_kit_asks_for_over_every_drafting_position(kit):
+    import math
+
+    from specbench.core.errors import SpecbenchError
+
+    rows = build.read_corpus(build.ensure_group(kit, "corpus"))
+    positions = sum(len(r["answer_ids"]) for r in rows if not r["heldout"])
+    by_epochs = OmegaConf.merge(kit, {"build": {"heads": {"hydra": {"epochs": 1.5, "batch_positions": 16}}}})
+    cls, settings, epochs = build.kit_recipe(by_epochs, "hydra")
+    assert epochs == 1.5
+    folder = build.trained_dir(by_epochs, cls, settings, epochs, "hydra")
+    assert folder != build.trained_dir(kit, *build.kit_recipe(kit, "hydra"), "hydra")  # its own key
+    card = json.loads((build.ensure_trained(by_epochs, "hydra") / "part.json").read_text())
+    assert card["epochs"] == 1.5 and card["settings"]["steps"] == math.ceil(1.5 * positions / 16)
+    twice = OmegaConf.merge(by_epochs, {"build": {"heads": {"hydra": {"epochs": 3}}}})
+    assert build.trained_dir(twice, *build.kit_recipe(twice, "hydra"), "hydra") != folder
+    with pytest.raises(SpecbenchError, match="build.heads.hydra.epochs is 0: give a positive number"):
+        build.kit_recipe(OmegaConf.merge(kit, {"build": {"heads": {"hydra": {"epochs": 0}}}}), "hydra")
+
+
 def test_an_unknown_part_is_named_with_the_known_ones(kit):
     from specbench.core.errors import SpecbenchError
 

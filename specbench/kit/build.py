@@ -22,8 +22,10 @@ file lock: a killed build leaves nothing that looks finished, two processes buil
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -114,23 +116,38 @@ def trained_methods() -> list[str]:
     return discover().trained()
 
 
-def kit_recipe(kit: DictConfig, method: str) -> tuple[type, Any]:
+def kit_recipe(kit: DictConfig, method: str) -> tuple[type, Any, float | None]:
     """The method's class and training settings for this kit: its YAML's `train:`, then the kit's
-    `build.heads.tokens` and `build.heads.<method>` over it (settings sized for the kit's target)."""
+    `build.heads.tokens` and `build.heads.<method>` over it (settings sized for the kit's target), and
+    the section's `epochs` (None without it): passes over every training row's drafting positions,
+    turned into the recipe's `steps` by its `batch_positions` once the corpus is known (`ensure_trained`)."""
     from specbench.run.registry import discover
 
     heads = OmegaConf.to_container(kit.build.get("heads") or OmegaConf.create({}), resolve=True)
-    changes = {**({"tokens": heads["tokens"]} if "tokens" in heads else {}), **(heads.get(method) or {})}
-    return discover().recipe(method, changes)
+    section = dict(heads.get(method) or {})
+    epochs = section.pop("epochs", None)
+    changes = {**({"tokens": heads["tokens"]} if "tokens" in heads else {}), **section}
+    cls, settings = discover().recipe(method, changes)
+    if epochs is not None:
+        if not hasattr(settings, "batch_positions"):
+            raise SpecbenchError(f"{kit.name}'s build.heads.{method}.epochs needs a recipe that trains on "
+                                 f"batch_positions positions a step, and {cls.__name__}'s has none: set "
+                                 f"build.heads.{method}.steps instead")
+        if not float(epochs) > 0:
+            raise SpecbenchError(f"{kit.name}'s build.heads.{method}.epochs is {epochs}: give a positive number "
+                                 "of passes over the corpus")
+        epochs = float(epochs)
+    return cls, settings, epochs
 
 
-def trained_dir(kit: DictConfig, cls: type, settings: Any, method: str) -> Path:
-    """`<kit dir>/<target>/<method>-<key>`: the key covers the method's settings and recipe (`kit_recipe`)
-    and the corpus it trains on (its group's settings)."""
+def trained_dir(kit: DictConfig, cls: type, settings: Any, epochs: float | None, method: str) -> Path:
+    """`<kit dir>/<target>/<method>-<key>`: the key covers the method's settings and recipe (`kit_recipe`),
+    the epochs asked for, and the corpus it trains on (its group's settings)."""
     from specbench.heads.recipe import part_key
 
-    corpus = json.dumps({"corpus": group_settings(kit, "corpus"), "target": target_id(kit)}, sort_keys=True)
-    return kit_dir(kit) / target_id(kit) / f"{method}-{part_key(cls, settings, corpus)}"
+    about = {"corpus": group_settings(kit, "corpus"), "target": target_id(kit),
+             **({"epochs": epochs} if epochs is not None else {})}
+    return kit_dir(kit) / target_id(kit) / f"{method}-{part_key(cls, settings, json.dumps(about, sort_keys=True))}"
 
 
 def ensure_trained(kit: DictConfig, method: str) -> Path:
@@ -139,8 +156,8 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
 
     CorpusHeadData = _corpus_head_data()  # noqa: N806 - a class
 
-    cls, settings = kit_recipe(kit, method)
-    final = trained_dir(kit, cls, settings, method)
+    cls, settings, epochs = kit_recipe(kit, method)
+    final = trained_dir(kit, cls, settings, epochs, method)
 
     def build(tmp: Path) -> None:
         corpus = ensure_group(kit, "corpus")
@@ -149,11 +166,18 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
             torch.set_num_threads(int(kit.build.threads))
             target = _load_target(kit, torch.float32)
             states = corpus_states(kit, split_rows(kit, read_corpus(corpus))[0], target)
+            fitted = settings
+            if epochs is not None:  # passes over every drafting position of the training rows
+                steps = max(1, math.ceil(epochs * states.drafting_positions / int(settings.batch_positions)))
+                fitted = dataclasses.replace(settings, steps=steps)
             data = CorpusHeadData(target=target.model, tokenizer=target.tokenizer, input_ids=torch.zeros(0, 0),
                                   valid=torch.zeros(0, 0, dtype=torch.bool), base=f"{kit.name}:target",
                                   label=kit.name, seed=int(kit.build.seed), draft=lambda: _load_draft(kit),
                                   states=states)
-            train_part(cls, settings, data, tmp, method)
+            card = train_part(cls, fitted, data, tmp, method)
+            if epochs is not None:
+                card["epochs"] = epochs
+                (tmp / PART_CARD).write_text(json.dumps(card, indent=2) + "\n")
         finally:
             torch.set_num_threads(threads)
 
