@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import TEXT
+from conftest import TEXT, single_thread
 from omegaconf import OmegaConf
 
 from helpers import (
@@ -337,3 +337,44 @@ def test_zoo_stage_writes_every_head(targets, tmp_path):
                          ("specdec", "specdec")):
         method = build_method(method_cfg(name, head=str(tmp_path / folder)), target, EMPTY)
         assert_matches_baseline(method, target, lengths=(6,))
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle", "ppd", "eagle3", "specdec"])
+def test_heads_train_in_bfloat16_mixed_precision_as_well_as_in_float32(targets, greedy_features, name):
+    """compute_dtype=bfloat16 (a kit's `dtype: auto` on a CPU with bf16 units): the products run in
+    bfloat16 (the weights come out different), the weights stay float32, and the head learns the
+    target's text about as well as in float32."""
+    from specbench.heads import train as ht
+    from specbench.heads.eagle3 import feature_layers
+
+    model = targets["llama"].model
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    data = greedy_features("llama", feature_layers(int(model.config.num_hidden_layers)) if name == "eagle3" else None)
+
+    def train(dtype: torch.dtype | None) -> tuple[torch.nn.Module, list[float]]:
+        common = {"seed": 0, "compute_dtype": dtype, "lr": 1e-2}
+        if name == "medusa":
+            head, stats = ht.train_medusa(data, lm_head, num_heads=2, steps=80, batch_positions=128, **common)
+        elif name == "eagle":
+            head, stats = ht.train_eagle(data, embed, lm_head, model.config, steps=80, batch_rows=3, window=48,
+                                         **common)
+        elif name == "ppd":
+            states = ht.collect_exit_states(model, data.input_ids, data.valid, exit_layer=1)
+            head, stats = ht.train_exit_head(data, states, lm_head, exit_layer=1, num_layers=2, steps=80,
+                                             batch_positions=128, **common)
+        elif name == "eagle3":
+            head, stats = ht.train_eagle3(data, embed, lm_head, model.config, steps=80, batch_rows=3, window=48,
+                                          **common)
+        else:
+            head, _, stats = ht.train_specdec(data, model, lm_head, block=3, steps=60, batch_rows=4, window=48,
+                                              cuts=12, **{**common, "lr": 3e-3})
+        return head, stats.accuracy
+
+    with single_thread():
+        full, full_acc = train(None)
+        mixed, mixed_acc = train(torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())
+    differ = [not torch.equal(a, b) for a, b in zip(full.state_dict().values(), mixed.state_dict().values())]
+    assert any(differ), "bfloat16 training gave float32's weights: autocast did not reach the products"
+    print(name, "top-1 float32", full_acc, "bfloat16", mixed_acc)
+    assert mixed_acc[0] >= 0.8 * full_acc[0] - 0.05 and full_acc[0] > 0.2, (full_acc, mixed_acc)

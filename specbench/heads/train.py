@@ -26,7 +26,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,13 @@ def frozen(*modules: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+def _compute(dtype: torch.dtype | None) -> AbstractContextManager:
+    """Mixed precision for a head's training forward (its heads' and the frozen LM head's products in
+    `dtype`, bfloat16; the losses in float32, the weights and optimiser float32), as the methods' own
+    recipes train; None: everything in float32 (the zoo's heads)."""
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
+
+
 def _lr(step: int, total: int, lr: float, warmup: int) -> float:
     """Linear warmup, then cosine decay to a tenth of `lr`."""
     if step < warmup:
@@ -171,9 +178,10 @@ class HeadStats:
 def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
                  steps: int = 300, batch_positions: int = 2048, lr: float = 1e-3, weight_decay: float = 0.0,
                  decay: float = 0.8, train_projections: bool = False, seed: int = 0,
+                 compute_dtype: torch.dtype | None = None,
                  desc: str = "medusa head") -> tuple[MedusaHeads, HeadStats]:
     """Medusa-1 heads on the frozen features; projections start as copies of the LM head and are
-    trained only with `train_projections` (they dominate the cost)."""
+    trained only with `train_projections` (they dominate the cost). `compute_dtype`: `_compute`."""
     torch.manual_seed(seed)
     vocab, hidden = lm_head.weight.shape
     heads = MedusaHeads(num_heads, num_layers, int(hidden), int(vocab))
@@ -207,8 +215,10 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
         pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
         x = data.features[pick[:, 0], pick[:, 1]]
         y = targets[pick[:, 0], pick[:, 1]]  # (B, K)
-        logits = heads(x)  # (B, K, V)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(-1, num_heads).mean(0)
+        with _compute(compute_dtype):
+            logits = heads(x)  # (B, K, V)
+            losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(
+                -1, num_heads).mean(0)
         loss = (losses * weights).sum()
         _update(opt, loss, params)
         if step >= steps * 3 // 4:  # accuracy over the last quarter of training
@@ -223,12 +233,13 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
 def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
                 steps: int = 300, batch_positions: int = 1024, lr: float = 1e-3, weight_decay: float = 0.0,
                 decay: float = 0.8, train_projections: bool = False, distill: bool = True, seed: int = 0,
+                compute_dtype: torch.dtype | None = None,
                 desc: str = "hydra head") -> tuple[HydraHeads, HeadStats]:
     """Hydra heads on the frozen features, teacher-forced: at position t head k reads h_t and the
     embeddings of tokens t+1 .. t+k+1 and learns token t+k+2 (weighted `decay ** k`): with
     `distill`, the cross-entropy to the target's own next-token distribution there (Hydra++'s
     teacher distillation), else to the corpus token. Projections start as the LM head and are
-    trained only with `train_projections`."""
+    trained only with `train_projections`. `compute_dtype`: `_compute`."""
     torch.manual_seed(seed)
     vocab, hidden = lm_head.weight.shape
     heads = HydraHeads(num_heads, num_layers, int(hidden), int(vocab))
@@ -261,7 +272,7 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
                 group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
             pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
             r, t = pick[:, 0], pick[:, 1]
-            with torch.no_grad():
+            with torch.no_grad(), _compute(compute_dtype):
                 emb = embed(data.input_ids[r[:, None], t[:, None] + ahead]).float()  # (B, K+1, d)
                 # The target's distribution of token t+k+2 is its LM head at position t+k+1.
                 teacher = lm_head(data.features[r[:, None], t[:, None] + ahead[:-1]]).float()  # (B, K, V)
@@ -271,7 +282,9 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
             loss = torch.zeros(())
             for k in range(num_heads):
                 x = torch.cat([x, emb[:, k]], dim=-1)
-                logp = torch.log_softmax(heads.head(k, x).float(), dim=-1)
+                with _compute(compute_dtype):
+                    logits = heads.head(k, x)
+                logp = torch.log_softmax(logits.float(), dim=-1)
                 if distill:
                     loss_k = -(teacher_p[:, k] * logp).sum(-1).mean()
                 else:
@@ -312,10 +325,10 @@ def collect_exit_states(model: nn.Module, input_ids: torch.Tensor, valid: torch.
 
 def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Module, *, exit_layer: int,
                     num_layers: int, steps: int = 150, batch_positions: int = 1024, lr: float = 3e-3,
-                    weight_decay: float = 0.0, seed: int = 0,
+                    weight_decay: float = 0.0, seed: int = 0, compute_dtype: torch.dtype | None = None,
                     desc: str = "ppd exit head") -> tuple[ExitHead, HeadStats]:
     """PPD's exit head on the frozen early-exit states: cross-entropy to the full target's next-token
-    distribution at the same position (distillation), through the frozen LM head."""
+    distribution at the same position (distillation), through the frozen LM head. `compute_dtype`: `_compute`."""
     torch.manual_seed(seed)
     head = ExitHead(int(lm_head.weight.shape[1]), exit_layer, num_layers)
     where = (data.valid if data.loss is None else data.valid & data.loss).nonzero()
@@ -333,9 +346,11 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
             for group in opt.param_groups:
                 group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
             pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
-            with torch.no_grad():
+            with torch.no_grad(), _compute(compute_dtype):
                 teacher = lm_head(data.features[pick[:, 0], pick[:, 1]]).float()
-            logp = torch.log_softmax(head(exit_states[pick[:, 0], pick[:, 1]], lm_head).float(), dim=-1)
+            with _compute(compute_dtype):
+                logits = head(exit_states[pick[:, 0], pick[:, 1]], lm_head)
+            logp = torch.log_softmax(logits.float(), dim=-1)
             loss = -(torch.softmax(teacher, dim=-1) * logp).sum(-1).mean()
             _update(opt, loss, params)
             if step >= steps * 3 // 4:
@@ -349,13 +364,15 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
 
 def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block: int = 4, steps: int = 300,
                   batch_rows: int = 8, window: int = 128, cuts: int = 24, lr: float = 1e-3, weight_decay: float = 0.0,
-                  seed: int = 0, desc: str = "specdec drafter") -> tuple[nn.Module, MaskQueries, HeadStats]:
+                  seed: int = 0, compute_dtype: torch.dtype | None = None,
+                  desc: str = "specdec drafter") -> tuple[nn.Module, MaskQueries, HeadStats]:
     """SpecDec's NAR drafter: `draft` (a copy of it, trained in place of the original) plus block - 1
     mask queries, distilled from the target's next-token distributions (the frozen `lm_head` on
     `data.features`). Each step takes `batch_rows` windows of `window` real tokens and `cuts` cut
     points per window, all in one forward (heads.specdec.training_layout): every real row learns
     the next token (the first draft token comes from the pending token's row) and slot i of cut c
-    the token at c + 2 + i. Top-1 agreement is reported per drafted position (1..block)."""
+    the token at c + 2 + i. Top-1 agreement is reported per drafted position (1..block).
+    `compute_dtype`: `_compute`."""
 
     torch.manual_seed(seed)
     lengths = data.valid.sum(1)
@@ -390,7 +407,7 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
                 else:
                     offset = int(data.window_starts(torch.tensor([r]), window, gen)[0])
                 ids.append(data.input_ids[r, offset : offset + window])
-                with torch.no_grad():
+                with torch.no_grad(), _compute(compute_dtype):
                     teachers.append(lm_head(data.features[r, offset : offset + window]).float())
                 at = torch.randperm(window - block + 1, generator=gen)[:cuts].sort().values
                 allow, pos = training_layout(window, at, block)
@@ -409,8 +426,9 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
                            .reshape(len(ids), cuts * (block - 1), hidden)], dim=1)
             allow = torch.stack(masks)[:, None]
             mask = torch.zeros(allow.shape, dtype=x.dtype).masked_fill(~allow, torch.finfo(x.dtype).min)
-            logits = draft(inputs_embeds=x, attention_mask=mask, position_ids=torch.stack(positions),
-                           use_cache=False).logits
+            with _compute(compute_dtype):
+                logits = draft(inputs_embeds=x, attention_mask=mask, position_ids=torch.stack(positions),
+                               use_cache=False).logits
             rows = torch.arange(len(ids))[:, None]
             pred = torch.stack(pred_rows)
             logp = torch.log_softmax(logits[rows, pred].float()[..., :vocab], dim=-1)
@@ -439,7 +457,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                  batch_rows: int = 8, window: int = 192, lr: float = 2e-3, weight_decay: float = 0.0,
                  ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None,
                  train_lm_head: bool = True, layers: list[int] | None = None, seed: int = 0,
-                 desc: str = "eagle3 head") -> tuple[Eagle3Head, HeadStats]:
+                 compute_dtype: torch.dtype | None = None, desc: str = "eagle3 head") -> tuple[Eagle3Head, HeadStats]:
     """An EAGLE-3 head on the frozen fused states (`data.fused`), with training-time test.
 
     The draft vocabulary is the `draft_vocab` most frequent tokens of the rows (all when None);
@@ -448,7 +466,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
     on its own step j - 1 outputs with the next tokens' embeddings, attending to step 0's keys up
     to its position and to its own chain's earlier steps (the tree-drafting pattern), and learns
     at step j the target's distribution (renormalised over the draft vocabulary) of token t + 2 + j,
-    weighted `step_decay ** j`."""
+    weighted `step_decay ** j`. `compute_dtype`: `_compute`."""
     if data.fused is None:
         raise SpecbenchError("EAGLE-3 training needs the fused target states: collect_features(..., layers=...)")
     torch.manual_seed(seed)
@@ -494,14 +512,17 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
             cache = head.new_cache()
             loss = torch.zeros(())
             for j in range(ttt_steps):
-                with torch.no_grad():
+                with torch.no_grad(), _compute(compute_dtype):
                     emb = embed(ids[:, 1 + j : 1 + j + window]).float()
                     teacher = lm_head(data.features[r[:, None], idx[:, 1 + j : 1 + j + window]]).float()[..., ids_map]
                     teacher_p = torch.softmax(teacher, dim=-1)
                 attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
                 positions = s[:, None] + torch.arange(window)[None] + j
-                out = head(emb, h, positions, cache, attend)
-                logp = torch.log_softmax(head.draft_logits(out).float(), dim=-1)
+                with _compute(compute_dtype):
+                    out = head(emb, h, positions, cache, attend)
+                    logits = head.draft_logits(out)
+                out = out.float()
+                logp = torch.log_softmax(logits.float(), dim=-1)
                 mask = valid[:, :window] & valid[:, 2 + j : 2 + j + window]
                 if data.loss is not None:
                     mask &= data.loss[r[:, None], idx[:, :window]]
@@ -521,11 +542,11 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
 def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 300,
                 batch_rows: int = 4, window: int = 256, lr: float = 1e-3, weight_decay: float = 0.0,
                 ce_weight: float = 0.1, ce_fraction: float = 1.0, noise: float = 0.1, seed: int = 0,
-                desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
+                compute_dtype: torch.dtype | None = None, desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
     """An EAGLE-1 head (one layer) on the frozen features; each step takes random windows of
     `window` positions from `batch_rows` rows (the head attends within its window). The
     cross-entropy goes through the vocabulary projection, the costliest part on CPU, so it is
-    computed on a random `ce_fraction` of the positions."""
+    computed on a random `ce_fraction` of the positions. `compute_dtype`: `_compute`."""
     torch.manual_seed(seed)
     head = EagleHead(head_config_for(target_config, num_layers=1))
     gen = torch.Generator().manual_seed(seed)
@@ -542,7 +563,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
     bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
     with frozen(embed, lm_head):
         stats = _eagle_loop(head, data, embed, lm_head, opt, bar, steps, batch_rows, window, lr, ce_weight,
-                            ce_fraction, noise, gen, usable)
+                            ce_fraction, noise, gen, usable, compute_dtype)
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, *stats)
@@ -550,7 +571,8 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
 
 def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.Module, opt: torch.optim.Optimizer,
                 bar: Any, steps: int, batch_rows: int, window: int, lr: float, ce_weight: float, ce_fraction: float,
-                noise: float, gen: torch.Generator, usable: torch.Tensor) -> tuple[float, list[float]]:
+                noise: float, gen: torch.Generator, usable: torch.Tensor,
+                compute_dtype: torch.dtype | None = None) -> tuple[float, list[float]]:
     ema = None
     hits = seen = 0.0
     for step in bar:
@@ -570,7 +592,8 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
         with torch.no_grad():
             x_emb = embed(ids[:, 1:]).float()
         positions = s[:, None] + torch.arange(window)[None]
-        pred = head(x_emb, x_feat, positions)
+        with _compute(compute_dtype):
+            pred = head(x_emb, x_feat, positions).float()
         mask = valid[:, 1:] & valid[:, :-1]
         if data.loss is not None:
             mask &= data.loss[r[:, None], idx[:, :-1]]
@@ -579,9 +602,11 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
         ce_mask = mask & (torch.rand(mask.shape, generator=gen) < ce_fraction)
         if not ce_mask.any():
             ce_mask = mask
-        with torch.no_grad():
-            target_logp = torch.log_softmax(lm_head(y_feat[ce_mask]), dim=-1)
-        logp = torch.log_softmax(lm_head(pred[ce_mask]), dim=-1)
+        with torch.no_grad(), _compute(compute_dtype):
+            target_logp = torch.log_softmax(lm_head(y_feat[ce_mask]).float(), dim=-1)
+        with _compute(compute_dtype):
+            logits = lm_head(pred[ce_mask])
+        logp = torch.log_softmax(logits.float(), dim=-1)
         ce = -(target_logp.exp() * logp).sum(-1).mean()
         loss = reg + ce_weight * ce
         _update(opt, loss, head.parameters())

@@ -18,6 +18,7 @@ import torch
 
 from specbench.heads.train import Features
 from specbench.kit.features import StateSpec, ensure_states, ragged
+from specbench.zoo.train import autocast_dtype
 
 
 def padded_rows(rows: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,42 +128,46 @@ def train_head(part: str, cfg: dict, states: CorpusStates, held: CorpusStates, t
         return result
 
     def settings(per_step: int, *drop: str) -> dict:
-        return {k: v for k, v in steps_for(cfg[part], positions, per_step).items() if k not in drop}
+        return {k: v for k, v in steps_for(cfg[part], positions, per_step).items() if k not in (*drop, "dtype")}
 
     timed("states", states.ensure)
     section = cfg[part]
-    extra: dict[str, Any] = {}
+    # the heads' products in bfloat16 where the CPU has bf16 units (`dtype: auto`), as the methods' recipes
+    # train (mixed precision): the frozen 49,152-word LM head's product and loss are most of a step's cost
+    compute = autocast_dtype(str(section.get("dtype", "float32")))
+    extra: dict[str, Any] = {"compute_dtype": str(compute or torch.float32).removeprefix("torch.")}
     if part == "medusa":
         kw = settings(int(section.get("batch_positions", 1024)))
-        head, stats = timed("train", lambda: train_medusa(states.features(), lm_head, **kw, seed=seed, desc=desc))
+        head, stats = timed("train", lambda: train_medusa(states.features(), lm_head, **kw, seed=seed,
+                                                         compute_dtype=compute, desc=desc))
         save_medusa(head, out / part, base)
     elif part == "eagle":
         kw = settings(int(section["batch_rows"]) * int(section["window"]))
         head, stats = timed("train", lambda: train_eagle(states.features(), embed, lm_head, target.config, **kw,
-                                                         seed=seed, desc=desc))
+                                                         seed=seed, compute_dtype=compute, desc=desc))
         save_eagle(head, out / part, base)
     elif part == "ppd":
         kw = settings(int(section.get("batch_positions", 1024)), "exit_layer")
         extra["exit_layer"] = states.spec.exit_layer
         head, stats = timed("train", lambda: train_exit_head(
             states.features(), states.view("exit"), lm_head, exit_layer=states.spec.exit_layer,
-            num_layers=int(target.config.num_hidden_layers), **kw, seed=seed, desc=desc))
+            num_layers=int(target.config.num_hidden_layers), **kw, seed=seed, compute_dtype=compute, desc=desc))
         states.release("exit")
         save_exit_head(head, out / part, int(lm_head.weight.shape[0]), base)
     elif part == "eagle3":
         kw = settings(int(section["batch_rows"]) * int(section["window"]), "layers")
         head, stats = timed("train", lambda: train_eagle3(states.features(fused=True), embed, lm_head, target.config,
                                                           **kw, layers=list(states.spec.fused), seed=seed,
-                                                          desc=desc))
+                                                          compute_dtype=compute, desc=desc))
         states.release("fused")
         save_eagle3(head, out / part, base)
         extra["draft_vocab"] = head.draft_vocab_size
     elif part == "specdec":
         kw = settings(int(section["batch_rows"]) * int(section["window"]))
         head, queries, stats = timed("train", lambda: train_specdec(states.features(), draft(), lm_head, **kw,
-                                                                    seed=seed, desc=desc))
+                                                                    seed=seed, compute_dtype=compute, desc=desc))
         save_specdec(head, queries, tokenizer, out / part, int(lm_head.weight.shape[0]), base)
-        extra = {"block": queries.block, "query_params": queries.embeddings.numel()}
+        extra.update({"block": queries.block, "query_params": queries.embeddings.numel()})
     else:
         raise ValueError(f"no head part {part!r}; the kit's heads: {', '.join(SEED_OFFSETS)}")
     card: dict[str, Any] = {"rows": len(states.rows), "drafting_positions": positions,
