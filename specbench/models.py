@@ -158,11 +158,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-#: `prefix:` -> function turning the rest of the spec into a local path. The zoo and the kits
-#: register theirs (`zoo:`, `smollm2:`); installed packages add theirs through the `specbench.resolvers`
-#: entry-point group, found the first time an unknown prefix is asked for.
+#: `prefix:` -> function turning the rest of the spec into a local path. The zoo registers `zoo:`;
+#: installed packages add theirs through the `specbench.resolvers` entry-point group (one prefix each)
+#: or a `specbench.resolver_finders` entry point (an object with `find(prefix)`, a resolver or None, and
+#: `names()`: the kits, one prefix per YAML), asked the first time an unknown prefix is.
 RESOLVERS: dict[str, Callable[[str], os.PathLike | str]] = {}
 RESOLVER_GROUP = "specbench.resolvers"
+FINDER_GROUP = "specbench.resolver_finders"
 #: every `prefix:NAME` this process resolved, with its folder: a run records where those weights came from
 RESOLVED: dict[str, str] = {}
 
@@ -178,7 +180,21 @@ def find_resolver(prefix: str) -> Callable[[str], os.PathLike | str] | None:
         for entry in entry_points(group=RESOLVER_GROUP):
             if entry.name == prefix:
                 RESOLVERS[prefix] = entry.load()
+    if prefix not in RESOLVERS:
+        for entry in entry_points(group=FINDER_GROUP):
+            found = entry.load().find(prefix)
+            if found is not None:
+                RESOLVERS[prefix] = found
+                break
     return RESOLVERS.get(prefix)
+
+
+def resolver_names() -> list[str]:
+    """Every prefix that resolves: registered, entry points, and what the finders offer."""
+    names = {*RESOLVERS, *(e.name for e in entry_points(group=RESOLVER_GROUP))}
+    for entry in entry_points(group=FINDER_GROUP):
+        names.update(entry.load().names())
+    return sorted(names)
 
 
 def resolve_path(spec: str) -> str:
@@ -190,7 +206,7 @@ def resolve_path(spec: str) -> str:
         if resolve is not None:
             RESOLVED[spec] = str(resolve(name))
             return RESOLVED[spec]
-        known = sorted({*RESOLVERS, *(e.name for e in entry_points(group=RESOLVER_GROUP))})
+        known = resolver_names()
         raise SpecbenchError(f"'{spec}' names a '{prefix}:' model, but no resolver is registered for '{prefix}:' "
                              f"(known: {', '.join(known) or 'none'}); import the package that provides it, or "
                              "give a folder or hub id")

@@ -512,3 +512,35 @@ def save_tiny(folder: Path, config, tokenizer) -> Path:
 def gpt2_config(tok) -> GPT2Config:
     return GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=512,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+# --- a kit on a tiny random Llama (test_kit_build, test_kit_yaml) --------------------------------
+
+#: a kit's YAML as a dict, sized for tiny_models' Llama: every part builds in seconds
+TINY_KIT = {
+    "name": "testkit", "title": "Test kit", "source": "pypi",
+    "build": {
+        "threads": 1, "seed": 0, "heldout_fraction": 0.4,
+        "corpus": {"shards": 2, "seed": 3, "max_new_tokens": 12, "turn_tokens": 8, "sampled": 0.5,
+                   "temperatures": [0.8], "top_p": 0.95, "topk": 4, "batch_size": 4, "dtype": "float32",
+                   "per_shard": {"instruct": 2, "hinted": 2, "math": 3, "foreign": 3, "summarize": 1, "rag": 1,
+                                 "translate": 1, "second": 1}},
+        "drafts": {
+            "dtype": "float32", "max_positions": 512,
+            "arch": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                     "tie_word_embeddings": True},
+            # draft: the target's first block with its embedding and head, frozen (shipped: stored once)
+            **{name: {"init": init, "layers": 1, "train_embeddings": False, "epochs": 1.0, "batch_tokens": 64,
+                      "evaluations": 1, "chain": 3, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1,
+                      "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd}
+               for name, init, kd in (("draft", "target_layers", 0.9), ("draft_plain", "pca", 0.0))},
+        },
+        "heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+                  "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
+                  "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+                  "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
+                  "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
+                  "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}},
+    },
+}

