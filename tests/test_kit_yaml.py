@@ -58,3 +58,14 @@ def test_a_kit_yaml_that_names_another_kit_is_one_line_error(kits, tmp_path):
     assert_one_line_error(done, r"misnamed.yaml: its `name` is 'other', but the file names kit 'misnamed'; "
                                 r"set name: misnamed")
     assert_one_line_error(cli("run", "model=nosuchkit", cwd=tmp_path), r"unknown model 'nosuchkit'.*mini")
+
+
+def test_the_help_lists_the_kits_and_the_methods_that_train_a_head(kits, tmp_path):
+    from specbench.run.registry import discover
+
+    said = cli("--help", cwd=tmp_path).out
+    kits_line = next(line for line in said.splitlines() if "a real model (kits:" in line)
+    assert "mini" in kits_line and "smollm2" in kits_line, kits_line
+    heads_line = next(line for line in said.splitlines() if line.strip().startswith("M: "))
+    assert set(discover().trained()) | {"medusa", "eagle", "eagle3", "ppd", "specdec"} <= set(
+        heads_line.strip()[3:].split("|")), heads_line

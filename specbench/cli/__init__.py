@@ -26,13 +26,24 @@ commands:
   data synth           write the embedded synthetic benchmark to data/synthetic/
   zoo build|path|card  build the embedded tiny model zoo, show where it is, print its quality card
   kit fetch|build|show NAME
-                       a real model (kit: smollm2): fetch it (checksum-checked), build its parts, show them
-  train-head method=medusa|eagle model=NAME [out=DIR]
-                       train an EAGLE or Medusa head with the target frozen (published checkpoint layout)
+                       a real model (kits: {kits}): fetch it (checksum-checked), build its parts, show them
+  train-head method=M model=NAME [out=DIR]
+                       train method M's head or drafter with the target frozen (published checkpoint layout);
+                       M: {heads}
   datastore build --corpus SPEC --model MODEL --out DIR
                        index a corpus (file, hub dataset, zoo:corpus) for REST (method=rest method.datastore=DIR)
 
 Set SPECBENCH_VERBOSE=1 for full tracebacks."""
+
+
+def usage() -> str:
+    """The help text, its lists from what is installed: the kits' YAMLs and the methods that train a head."""
+    from specbench.cli.train_head import LOOPS
+    from specbench.kit import kit_names
+    from specbench.run.registry import discover
+
+    heads = [*LOOPS, *(m for m in discover().trained() if m not in LOOPS)]
+    return USAGE.format(kits=", ".join(kit_names()) or "none", heads="|".join(heads))
 
 
 def _fail(exc: BaseException) -> int:
@@ -239,7 +250,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(usage())
         return 0
     # Hydra flags may come before the command (`-m run ...`): they belong to `run`.
     index = next((i for i, a in enumerate(argv) if a in COMMANDS), None)

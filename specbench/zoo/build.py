@@ -1,8 +1,8 @@
 """Building the zoo as a list of stages.
 
 Each stage reads what earlier ones left in `BuildContext.state` (or, for models, in the
-output folder) and writes its own outputs; later issues can append stages (EAGLE or Medusa
-heads on the same target) without touching the existing ones. The build writes into a
+output folder) and writes its own outputs (the heads' stage: every head trained on the same
+target), so a stage is added without touching the others. The build writes into a
 fresh folder that `ensure_zoo` moves into place only once the build finished.
 """
 
