@@ -137,7 +137,7 @@ def half_runs(sharp_model, tmp_path_factory):
                    "method=baseline", f"interleave=[{NOISE},wrong]", "contention_threshold=1000", cwd=root)
         assert done.code == 0, done
         assert f"precision: {dtype} on cpu: one-row vs multi-row forwards move a top-2 logit gap" in done.err
-        groups, _ = leaderboard.build(root / "results", root / "lb", figures=False, recheck=True)
+        groups = leaderboard.build(root / "results", root / "lb", figures=False, recheck=True).groups
         (group,) = groups
         out[dtype] = (root, group)
     return out

@@ -75,7 +75,7 @@ def fake_audit(groups):
 
 def test_recheck_tells_bug_from_baseline_off(baseline_run, tmp_path):
     results, where = fabricate(baseline_run, tmp_path)
-    groups, _ = leaderboard.build(results, tmp_path / "lb", figures=False, recheck=True)
+    groups = leaderboard.build(results, tmp_path / "lb", figures=False, recheck=True).groups
     group, audit = fake_audit(groups)
     found = {m["question_id"]: (m["turn"], m["position"]) for m in audit["mismatches"]}
     assert found == where

@@ -155,29 +155,16 @@ def _report(args: list[str]) -> int:
         from specbench.models import resolve_path
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_path(opts.upstream_count))
-    groups, written = leaderboard.build(
+    report = leaderboard.build(
         Path(opts.results), Path(opts.out), upstream_model=opts.upstream_model, tie_margin=opts.tie_margin,
         upstream_tokenizer=tokenizer, figures=not opts.no_figures,
         recheck=recheck, recheck_limit=opts.recheck_limit, recheck_device=opts.recheck_device,
         beside=Path(opts.beside) if opts.beside else None,
     )
-    for group in groups:
-        if group.results:
-            print(leaderboard.console(group))
-            if recheck and group.temperature == 0 and group.batch == 1:
-                print("\n".join(leaderboard.audit_lines(group) or ["lossless audit: every greedy answer equals "
-                                                                   "the baseline's; nothing to recheck"]))
-        for problem in [*group.problems, *group.notes]:
-            print(f"warning: {problem}", file=sys.stderr)
-    if engines := leaderboard.engines_table(groups, opts.tie_margin):
-        print("\n" + leaderboard.engines_markdown(engines))
-    if batches := leaderboard.batch_console(groups):
-        print(batches)
-        print(leaderboard.BATCH_NOTE)
-    print(leaderboard.DEFINITIONS)
-    if written:
-        print(f"\nwrote {len(written)} files to {opts.out}")
-    return 0 if any(g.results for g in groups) else 1
+    print(report.console())
+    for problem in report.warnings():
+        print(f"warning: {problem}", file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 def _check(args: list[str]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -522,11 +523,48 @@ def console(group: Group) -> str:
     return f"\n{group.title}  ({environment_line(group)})\n\n{markdown(*main_table(group))}\n{footnote}"
 
 
+@dataclass
+class Report:
+    """What `build` made: the analysed groups and the files written; `console()` is what `specbench
+    report` prints, `warnings()` what it prints on stderr, `ok` whether any group had results."""
+
+    groups: list[Group]
+    written: list[Path]
+    out_dir: Path
+    tie_margin: float
+    recheck: bool
+
+    @property
+    def ok(self) -> bool:
+        return any(g.results for g in self.groups)
+
+    def warnings(self) -> list[str]:
+        return [problem for group in self.groups for problem in [*group.problems, *group.notes]]
+
+    def console(self) -> str:
+        lines: list[str] = []
+        for group in self.groups:
+            if not group.results:
+                continue
+            lines.append(console(group))
+            if self.recheck and group.temperature == 0 and group.batch == 1:
+                lines += audit_lines(group) or ["lossless audit: every greedy answer equals the baseline's; "
+                                                "nothing to recheck"]
+        if engines := engines_table(self.groups, self.tie_margin):
+            lines.append("\n" + engines_markdown(engines))
+        if batches := batch_console(self.groups):
+            lines += [batches, BATCH_NOTE]
+        lines.append(DEFINITIONS)
+        if self.written:
+            lines.append(f"\nwrote {len(self.written)} files to {self.out_dir}")
+        return "\n".join(lines)
+
+
 def build(
     results_dir: Path, out_dir: Path, *, upstream_model: str = "upstream", tie_margin: float = 0.05,
     upstream_tokenizer: Any = None, figures: bool = True, recheck: bool = False, recheck_limit: int | None = None,
     recheck_device: str = "auto", beside: Path | None = None,
-) -> tuple[list[Group], list[Path]]:
+) -> Report:
     """Analyse every group under `results_dir` (with `recheck`, each greedy mismatch judged by the
     float64 target: analysis.recheck), write tables (and figures) to `out_dir`. `beside`: answers of a
     `budget=both` job; each main-table row X-fixed gets X's auto speedup from there."""
@@ -568,7 +606,7 @@ def build(
     except OSError as exc:
         raise SpecbenchError(f"cannot write the leaderboard to {out_dir} ({exc.strerror or exc}"
                              f"{': ' + exc.filename if exc.filename else ''}); choose another --out") from None
-    return groups, written
+    return Report(groups, written, out_dir, tie_margin, recheck)
 
 
 def _figures(groups: list[Group], out_dir: Path) -> list[Path]:
