@@ -339,42 +339,84 @@ def test_zoo_stage_writes_every_head(targets, tmp_path):
         assert_matches_baseline(method, target, lengths=(6,))
 
 
-@pytest.mark.parametrize("name", ["medusa", "eagle", "ppd", "eagle3", "specdec"])
+TRAINED_HEADS = ["medusa", "eagle", "ppd", "eagle3", "specdec"]
+
+
+def train_small_head(name: str, model: torch.nn.Module, data, steps: int = 80, **common) -> tuple:
+    """(head, top-1 per depth): one of the heads of heads.train on `data`, small settings."""
+    from specbench.heads import train as ht
+
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    common = {"seed": 0, "lr": 1e-2, **common}
+    if name == "medusa":
+        head, stats = ht.train_medusa(data, lm_head, num_heads=2, steps=steps, batch_positions=128, **common)
+    elif name == "eagle":
+        head, stats = ht.train_eagle(data, embed, lm_head, model.config, steps=steps, batch_rows=3, window=48,
+                                     **common)
+    elif name == "ppd":
+        states = ht.collect_exit_states(model, data.input_ids, data.valid, exit_layer=1)
+        head, stats = ht.train_exit_head(data, states, lm_head, exit_layer=1, num_layers=2, steps=steps,
+                                         batch_positions=128, **common)
+    elif name == "eagle3":
+        head, stats = ht.train_eagle3(data, embed, lm_head, model.config, steps=steps, batch_rows=3, window=48,
+                                      **common)
+    else:
+        head, _, stats = ht.train_specdec(data, model, lm_head, block=3, steps=max(1, steps * 3 // 4), batch_rows=4,
+                                          window=48, cuts=12, **{**common, "lr": 3e-3})
+    return head, stats.accuracy
+
+
+def head_data(name: str, model: torch.nn.Module, greedy_features) -> object:
+    from specbench.heads.eagle3 import feature_layers
+
+    return greedy_features("llama", feature_layers(int(model.config.num_hidden_layers)) if name == "eagle3" else None)
+
+
+@pytest.mark.parametrize("name", TRAINED_HEADS)
 def test_heads_train_in_bfloat16_mixed_precision_as_well_as_in_float32(targets, greedy_features, name):
     """compute_dtype=bfloat16 (a kit's `dtype: auto` on a CPU with bf16 units): the products run in
     bfloat16 (the weights come out different), the weights stay float32, and the head learns the
     target's text about as well as in float32."""
-    from specbench.heads import train as ht
-    from specbench.heads.eagle3 import feature_layers
-
     model = targets["llama"].model
-    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
-    data = greedy_features("llama", feature_layers(int(model.config.num_hidden_layers)) if name == "eagle3" else None)
-
-    def train(dtype: torch.dtype | None) -> tuple[torch.nn.Module, list[float]]:
-        common = {"seed": 0, "compute_dtype": dtype, "lr": 1e-2}
-        if name == "medusa":
-            head, stats = ht.train_medusa(data, lm_head, num_heads=2, steps=80, batch_positions=128, **common)
-        elif name == "eagle":
-            head, stats = ht.train_eagle(data, embed, lm_head, model.config, steps=80, batch_rows=3, window=48,
-                                         **common)
-        elif name == "ppd":
-            states = ht.collect_exit_states(model, data.input_ids, data.valid, exit_layer=1)
-            head, stats = ht.train_exit_head(data, states, lm_head, exit_layer=1, num_layers=2, steps=80,
-                                             batch_positions=128, **common)
-        elif name == "eagle3":
-            head, stats = ht.train_eagle3(data, embed, lm_head, model.config, steps=80, batch_rows=3, window=48,
-                                          **common)
-        else:
-            head, _, stats = ht.train_specdec(data, model, lm_head, block=3, steps=60, batch_rows=4, window=48,
-                                              cuts=12, **{**common, "lr": 3e-3})
-        return head, stats.accuracy
-
+    data = head_data(name, model, greedy_features)
     with single_thread():
-        full, full_acc = train(None)
-        mixed, mixed_acc = train(torch.bfloat16)
+        full, full_acc = train_small_head(name, model, data)
+        mixed, mixed_acc = train_small_head(name, model, data, compute_dtype=torch.bfloat16)
     assert all(p.dtype == torch.float32 for p in mixed.parameters())
     differ = [not torch.equal(a, b) for a, b in zip(full.state_dict().values(), mixed.state_dict().values())]
     assert any(differ), "bfloat16 training gave float32's weights: autocast did not reach the products"
     print(name, "top-1 float32", full_acc, "bfloat16", mixed_acc)
     assert mixed_acc[0] >= 0.8 * full_acc[0] - 0.05 and full_acc[0] > 0.2, (full_acc, mixed_acc)
+
+
+@pytest.mark.parametrize("name", TRAINED_HEADS)
+def test_a_stopped_head_training_resumes_to_the_same_weights(targets, greedy_features, tmp_path, monkeypatch, name):
+    """A training stopped after its 5th of 8 steps, started again with the same TrainingState, ends
+    with the weights and statistics of one that never stopped; the saved progress is removed by the
+    caller when the part is done (TrainingState.finish)."""
+    from specbench.core.resume import TrainingState
+    from specbench.heads import train as ht
+
+    model = targets["llama"].model
+    data = head_data(name, model, greedy_features)
+    state = tmp_path / "progress.pt"
+    keep = ht._keep
+
+    def stop_after_five(ckpt, done, *rest) -> None:
+        keep(ckpt, done, *rest)
+        if done == 5:
+            raise KeyboardInterrupt
+
+    with single_thread():
+        whole, whole_acc = train_small_head(name, model, data, steps=8)
+        monkeypatch.setattr(ht, "_keep", stop_after_five)
+        with pytest.raises(KeyboardInterrupt):
+            train_small_head(name, model, data, steps=8, ckpt=TrainingState(state, every_s=0))
+        assert state.is_file()
+        after: list[int] = []
+        monkeypatch.setattr(ht, "_keep", lambda ckpt, done, *rest: after.append(done) or keep(ckpt, done, *rest))
+        resumed, resumed_acc = train_small_head(name, model, data, steps=8, ckpt=TrainingState(state, every_s=0))
+    assert after == (list(range(6, 9)) if name != "specdec" else [6])  # only the steps not done before
+    assert resumed_acc == whole_acc
+    for (key, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), key

@@ -50,6 +50,7 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
         card = json.loads((folder / build.CARD).read_text())
         assert card["group"] == group and card["build_seconds"] >= 0 and card["settings"]["code"]
     assert 0 < sum(r["heldout"] for r in rows) < len(rows)
+    assert not list(build.kit_dir(kit).rglob("*.progress.pt"))  # saved progress is removed once a part is done
     heads = {name: json.loads((build.group_dir(kit, name) / build.CARD).read_text())[name]
              for name in build.HEAD_GROUPS}
     assert {h["drafting_positions"] for h in heads.values()} == {

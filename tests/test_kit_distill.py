@@ -180,6 +180,54 @@ def test_a_draft_trained_on_the_targets_states_too_comes_closer_to_them(tiny_mod
                             compute_dtype=None)
 
 
+def test_a_stopped_draft_training_resumes_to_the_same_weights_and_curve(tiny_models, tmp_path, monkeypatch):
+    from specbench.core.resume import TrainingState
+
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    gen = torch.Generator().manual_seed(3)
+    rows = [{"prompt_ids": torch.randint(5, 300, (5,), generator=gen).tolist(),
+             "answer_ids": torch.randint(5, 300, (10,), generator=gen).tolist(), "temperature": 0}
+            for _ in range(12)]
+    ids = torch.tensor([r["prompt_ids"] + r["answer_ids"] for r in rows])
+    with torch.no_grad():
+        top = torch.log_softmax(target(input_ids=ids).logits, -1).topk(4, -1)
+    soft = [(top.indices[i, 4:-1], top.values[i, 4:-1]) for i in range(len(rows))]
+    train, held = distill.Rows.of(rows[:8], soft[:8]), distill.Rows.of(rows[8:], soft[8:])
+    cfg = OmegaConf.create({"epochs": 3, "batch_tokens": 32, "evaluations": 3, "chain": 2, "lr": 3e-3,
+                            "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95,
+                            "grad_clip": 1.0, "kd_alpha": 0.9})
+
+    def run(ckpt):
+        draft = distill.draft_from_target(target, 1)
+        stats = distill.train_draft(draft, train, held, cfg, pad_id=0, seed=0, desc="test", compute_dtype=None,
+                                    ckpt=ckpt)
+        return draft, stats
+
+    whole, whole_stats = run(None)
+    state = tmp_path / "draft.progress.pt"
+    real = distill.evaluate
+    calls = []
+
+    def stop_at_the_second_measurement(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the start's, the first third's, then stopped
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distill, "evaluate", stop_at_the_second_measurement)
+    with pytest.raises(KeyboardInterrupt):
+        run(TrainingState(state, every_s=0))
+    assert state.is_file()
+    measured = []
+    monkeypatch.setattr(distill, "evaluate", lambda *a, **k: measured.append(1) or real(*a, **k))
+    resumed, resumed_stats = run(TrainingState(state, every_s=0))
+    assert len(measured) == 2  # resumed: the second third's and the end's, not the start's and first third's again
+    assert [e.as_dict() for e in resumed_stats.curve] == [e.as_dict() for e in whole_stats.curve]
+    assert resumed_stats.tokens == whole_stats.tokens and resumed_stats.steps == whole_stats.steps
+    for (key, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), key
+
+
 def test_ragged_states_index_like_the_padded_states_where_kept(tiny_models, monkeypatch):
     from specbench.kit import features as kf
 

@@ -36,6 +36,7 @@ from torch import nn
 from tqdm import tqdm
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.resume import TrainingState, restore, rng_state, set_rng_state, trainable
 from specbench.heads.eagle import EagleHead, head_config_for
 from specbench.heads.eagle3 import Eagle3Head, feature_layers
 from specbench.heads.exit import ExitHead
@@ -124,6 +125,30 @@ def _compute(dtype: torch.dtype | None) -> AbstractContextManager:
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
 
 
+def _resumed(ckpt: TrainingState | None, module: nn.Module, opt: torch.optim.Optimizer,
+             gen: torch.Generator) -> tuple[int, dict]:
+    """(the step to start at, the loop's saved statistics): 0 and none without saved progress."""
+    state = ckpt.load() if ckpt is not None else None
+    if state is None:
+        return 0, {}
+    restore(module, state["params"])
+    opt.load_state_dict(state["opt"])
+    set_rng_state(state["rng"], gen)
+    return int(state["step"]), dict(state["stats"])
+
+
+def _keep(ckpt: TrainingState | None, done: int, steps: int, module: nn.Module, opt: torch.optim.Optimizer,
+          gen: torch.Generator, stats: dict) -> None:
+    """After `done` steps: the loop's progress saved when its TrainingState says it is time."""
+    if ckpt is not None and done < steps and ckpt.due():
+        ckpt.save({"step": done, "params": trainable(module), "opt": opt.state_dict(), "rng": rng_state(gen),
+                   "stats": stats})
+
+
+def _steps_bar(first: int, steps: int, desc: str) -> Any:
+    return tqdm(range(first, steps), initial=first, total=steps, desc=desc, file=sys.stderr, mininterval=2.0)
+
+
 def _lr(step: int, total: int, lr: float, warmup: int) -> float:
     """Linear warmup, then cosine decay to a tenth of `lr`."""
     if step < warmup:
@@ -178,10 +203,11 @@ class HeadStats:
 def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
                  steps: int = 300, batch_positions: int = 2048, lr: float = 1e-3, weight_decay: float = 0.0,
                  decay: float = 0.8, train_projections: bool = False, seed: int = 0,
-                 compute_dtype: torch.dtype | None = None,
+                 compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
                  desc: str = "medusa head") -> tuple[MedusaHeads, HeadStats]:
     """Medusa-1 heads on the frozen features; projections start as copies of the LM head and are
-    trained only with `train_projections` (they dominate the cost). `compute_dtype`: `_compute`."""
+    trained only with `train_projections` (they dominate the cost). `compute_dtype`: `_compute`;
+    `ckpt`: progress saved there and resumed from (specbench.core.resume)."""
     torch.manual_seed(seed)
     vocab, hidden = lm_head.weight.shape
     heads = MedusaHeads(num_heads, num_layers, int(hidden), int(vocab))
@@ -204,11 +230,11 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = _optimizer(params, lr, weight_decay)
     weights = torch.tensor([decay**k for k in range(num_heads)])
-    start, ema = time.perf_counter(), None
-    hits = torch.zeros(num_heads)
-    seen = 0
+    start = time.perf_counter()
+    first, saved = _resumed(ckpt, heads, opt, gen)
+    ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(num_heads)), saved.get("seen", 0)
     heads.train()
-    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    bar = _steps_bar(first, steps, desc)
     for step in bar:  # (the LM head is only read when heads have no projections of their own)
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
@@ -225,6 +251,7 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
             hits += (logits.detach().argmax(-1) == y).float().sum(0)
             seen += y.shape[0]
         ema = _smoothed(ema, loss, bar)
+        _keep(ckpt, step + 1, steps, heads, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
     bar.close()
     _freeze(heads)
     return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
@@ -326,7 +353,7 @@ def collect_exit_states(model: nn.Module, input_ids: torch.Tensor, valid: torch.
 def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Module, *, exit_layer: int,
                     num_layers: int, steps: int = 150, batch_positions: int = 1024, lr: float = 3e-3,
                     weight_decay: float = 0.0, seed: int = 0, compute_dtype: torch.dtype | None = None,
-                    desc: str = "ppd exit head") -> tuple[ExitHead, HeadStats]:
+                    ckpt: TrainingState | None = None, desc: str = "ppd exit head") -> tuple[ExitHead, HeadStats]:
     """PPD's exit head on the frozen early-exit states: cross-entropy to the full target's next-token
     distribution at the same position (distillation), through the frozen LM head. `compute_dtype`: `_compute`."""
     torch.manual_seed(seed)
@@ -337,10 +364,11 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
     gen = torch.Generator().manual_seed(seed)
     params = list(head.parameters())
     opt = _optimizer(params, lr, weight_decay)
-    start, ema = time.perf_counter(), None
-    hits = seen = 0.0
+    start = time.perf_counter()
+    first, saved = _resumed(ckpt, head, opt, gen)
+    ema, hits, seen = saved.get("ema"), saved.get("hits", 0.0), saved.get("seen", 0.0)
     head.train()
-    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    bar = _steps_bar(first, steps, desc)
     with frozen(lm_head):
         for step in bar:
             for group in opt.param_groups:
@@ -357,6 +385,7 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
                 hits += float((logp.detach().argmax(-1) == teacher.argmax(-1)).sum())
                 seen += batch_positions
             ema = _smoothed(ema, loss, bar)
+            _keep(ckpt, step + 1, steps, head, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), [hits / max(seen, 1.0)])
@@ -364,7 +393,7 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
 
 def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block: int = 4, steps: int = 300,
                   batch_rows: int = 8, window: int = 128, cuts: int = 24, lr: float = 1e-3, weight_decay: float = 0.0,
-                  seed: int = 0, compute_dtype: torch.dtype | None = None,
+                  seed: int = 0, compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
                   desc: str = "specdec drafter") -> tuple[nn.Module, MaskQueries, HeadStats]:
     """SpecDec's NAR drafter: `draft` (a copy of it, trained in place of the original) plus block - 1
     mask queries, distilled from the target's next-token distributions (the frozen `lm_head` on
@@ -391,10 +420,11 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
     opt = _optimizer(params, lr, weight_decay)
     gen = torch.Generator().manual_seed(seed)
     vocab = int(lm_head.weight.shape[0])
-    start, ema = time.perf_counter(), None
-    hits = torch.zeros(block)
-    seen = 0.0
-    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    start = time.perf_counter()
+    both = nn.ModuleDict({"draft": draft, "queries": queries})  # what is trained, as one module
+    first, saved = _resumed(ckpt, both, opt, gen)
+    ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(block)), saved.get("seen", 0.0)
+    bar = _steps_bar(first, steps, desc)
     with frozen(lm_head):
         for step in bar:
             for group in opt.param_groups:
@@ -442,11 +472,12 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
             _update(opt, loss, params)
             if step >= steps * 3 // 4:
                 agree = (logp.detach().argmax(-1) == teacher.argmax(-1)).float()
-                first = agree[:, : window - 1].mean(1).sum()
+                first_pos = agree[:, : window - 1].mean(1).sum()
                 later = agree[:, window - 1 :].view(len(ids), block - 1, cuts).mean(2).sum(0)
-                hits += torch.cat([first.view(1), later])
+                hits += torch.cat([first_pos.view(1), later])
                 seen += len(ids)
             ema = _smoothed(ema, loss, bar)
+            _keep(ckpt, step + 1, steps, both, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
     bar.close()
     _freeze(draft, queries)
     return draft, queries, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0),
@@ -457,7 +488,8 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                  batch_rows: int = 8, window: int = 192, lr: float = 2e-3, weight_decay: float = 0.0,
                  ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None,
                  train_lm_head: bool = True, layers: list[int] | None = None, seed: int = 0,
-                 compute_dtype: torch.dtype | None = None, desc: str = "eagle3 head") -> tuple[Eagle3Head, HeadStats]:
+                 compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
+                 desc: str = "eagle3 head") -> tuple[Eagle3Head, HeadStats]:
     """An EAGLE-3 head on the frozen fused states (`data.fused`), with training-time test.
 
     The draft vocabulary is the `draft_vocab` most frequent tokens of the rows (all when None);
@@ -493,11 +525,12 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
     head.lm_head.weight.requires_grad_(train_lm_head)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = _optimizer(params, lr, weight_decay)
-    start, ema = time.perf_counter(), None
-    hits = torch.zeros(ttt_steps)
-    seen = torch.zeros(ttt_steps)
+    start = time.perf_counter()
+    first, saved = _resumed(ckpt, head, opt, gen)
+    ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(ttt_steps)), saved.get("seen",
+                                                                                               torch.zeros(ttt_steps))
     head.train()
-    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    bar = _steps_bar(first, steps, desc)
     causal = torch.ones(window, window, dtype=torch.bool).tril()
     own = torch.eye(window, dtype=torch.bool)
     with frozen(embed, lm_head):
@@ -534,6 +567,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                 h = out
             _update(opt, loss, params)
             ema = _smoothed(ema, loss, bar)
+            _keep(ckpt, step + 1, steps, head, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / seen.clamp(min=1)).tolist())
@@ -542,7 +576,8 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
 def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 300,
                 batch_rows: int = 4, window: int = 256, lr: float = 1e-3, weight_decay: float = 0.0,
                 ce_weight: float = 0.1, ce_fraction: float = 1.0, noise: float = 0.1, seed: int = 0,
-                compute_dtype: torch.dtype | None = None, desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
+                compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
+                desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
     """An EAGLE-1 head (one layer) on the frozen features; each step takes random windows of
     `window` positions from `batch_rows` rows (the head attends within its window). The
     cross-entropy goes through the vocabulary projection, the costliest part on CPU, so it is
@@ -559,11 +594,12 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
                              "larger seq_len")
     opt = _optimizer(list(head.parameters()), lr, weight_decay)
     start = time.perf_counter()
+    first, saved = _resumed(ckpt, head, opt, gen)
     head.train()
-    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    bar = _steps_bar(first, steps, desc)
     with frozen(embed, lm_head):
         stats = _eagle_loop(head, data, embed, lm_head, opt, bar, steps, batch_rows, window, lr, ce_weight,
-                            ce_fraction, noise, gen, usable, compute_dtype)
+                            ce_fraction, noise, gen, usable, compute_dtype, ckpt, saved)
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, *stats)
@@ -572,9 +608,10 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
 def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.Module, opt: torch.optim.Optimizer,
                 bar: Any, steps: int, batch_rows: int, window: int, lr: float, ce_weight: float, ce_fraction: float,
                 noise: float, gen: torch.Generator, usable: torch.Tensor,
-                compute_dtype: torch.dtype | None = None) -> tuple[float, list[float]]:
-    ema = None
-    hits = seen = 0.0
+                compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
+                saved: dict | None = None) -> tuple[float, list[float]]:
+    saved = saved or {}
+    ema, hits, seen = saved.get("ema"), saved.get("hits", 0.0), saved.get("seen", 0.0)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
@@ -614,6 +651,7 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
             hits += float((logp.detach().argmax(-1) == target_logp.argmax(-1)).sum())
             seen += float(target_logp.shape[0])
         ema = _smoothed(ema, loss, bar)
+        _keep(ckpt, step + 1, steps, head, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
     return float(ema or 0.0), [hits / max(seen, 1.0)]
 
 

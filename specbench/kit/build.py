@@ -40,6 +40,8 @@ from specbench.core.files import build_once
 from specbench.kit.source import ensure_target, kit_dir, recorded_target
 
 CARD = "card.json"
+#: how often a long training saves its progress (specbench.core.resume), seconds
+PROGRESS_EVERY_S = 600.0
 #: Bump when a change here changes what a build produces.
 KIT_CODE_VERSION = "kit-2"
 #: the heads a kit trains, each a group of its own (specbench.kit.heads.train_head)
@@ -496,6 +498,7 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     card: dict[str, Any] = {"train_rows": len(rows), "heldout_rows": len(held),
                             "train_answer_tokens": train_rows.answer_tokens,
                             "heldout_answer_tokens": held_rows.answer_tokens}
+    progress = {name: progress_state(kit, "drafts", name) for name in ("draft", "draft_plain")}
     for offset, name in enumerate(("draft", "draft_plain")):
         section = cfg[name]
         seed = int(kit.build.seed) + offset
@@ -504,7 +507,7 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
             # the target's final states (kept per shard for the heads) as a second target of the draft
             train_rows = train_rows.with_states(corpus_states(kit, rows, target).view("final"))
         stats = train_draft(model, train_rows, held_rows, section, pad_id=pad, seed=seed, desc=f"{kit.name} {name}",
-                            compute_dtype=compute)
+                            compute_dtype=compute, ckpt=progress[name])
         model.eval()
         model.save_pretrained(out / name)
         tok.save_pretrained(out / name, save_jinja_files=False)
@@ -513,7 +516,19 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
                       "train": stats.as_dict(),
                       "heldout_agreement": round(stats.curve[-1].agreement, 4)}
     card["arch"] = OmegaConf.to_container(cfg.arch, resolve=True)
+    for state in progress.values():
+        state.finish()
     return card
+
+
+def progress_state(kit: DictConfig, group: str, name: str) -> Any:
+    """Where a group's training `name` keeps its progress while it builds (specbench.core.resume):
+    beside the group's folder in the cache, under its settings' key, so a build stopped after hours
+    resumes where it saved (on this machine; another machine starts the part over)."""
+    from specbench.core.resume import TrainingState
+
+    final = group_dir(kit, group)
+    return TrainingState(final.with_name(f"{final.name}.{name}.progress.pt"), every_s=PROGRESS_EVERY_S)
 
 
 def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:
@@ -553,9 +568,11 @@ def build_head(kit: DictConfig, inputs: dict, out: Path, part: str) -> dict:
     target = _load_target(kit, torch.float32)
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
     states, held_states = corpus_states(kit, rows, target), corpus_states(kit, held, target)
+    progress = progress_state(kit, part, part)
     card = train_head(part, OmegaConf.to_container(kit.build.heads, resolve=True), states, held_states,
                       target.model, target.tokenizer, lambda: _load_draft(kit), f"{kit.name}:target", str(kit.name),
-                      int(kit.build.seed), out)
+                      int(kit.build.seed), out, ckpt=progress)
+    progress.finish()
     return {part: card, "train_rows": len(rows), "heldout_rows": len(held)}
 
 

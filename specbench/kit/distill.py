@@ -14,6 +14,7 @@ of acceptance against training tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.resume import TrainingState, restore, rng_state, set_rng_state, trainable
 
 
 @dataclass
@@ -231,10 +233,11 @@ class DraftStats:
 
 
 def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pad_id: int, seed: int, desc: str,
-                compute_dtype: torch.dtype | None) -> DraftStats:
+                compute_dtype: torch.dtype | None, ckpt: TrainingState | None = None) -> DraftStats:
     """AdamW over every training row for `cfg.epochs` epochs (warm-up, cosine decay), loss on
     answer tokens: `kd_alpha` x forward KL to the target's top-k + (1 - kd_alpha) x cross-entropy;
-    held-out evaluation `cfg.evaluations` times, evenly spread (the last at the end)."""
+    held-out evaluation `cfg.evaluations` times, evenly spread (the last at the end). `ckpt`: the
+    progress saved there every so often and resumed from (specbench.core.resume)."""
     from specbench.zoo.train import adamw, lr_at
 
     torch.manual_seed(seed)
@@ -250,11 +253,20 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
         raise SpecbenchError("feature_weight > 0 needs the target's states of the training rows (Rows.with_states)")
     chain = int(cfg.chain)
     model.train()
-    curve = [evaluate(model, held, pad_id, chain=chain, tokens=0, compute_dtype=compute_dtype)]
-    tokens, ema = 0, None
-    start = time.perf_counter()
-    bar = tqdm(plan, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=5.0)
-    for step, picked in enumerate(bar):
+    saved = ckpt.load() if ckpt is not None else None
+    if saved is None:
+        first, tokens, ema = 0, 0, None
+        curve = [evaluate(model, held, pad_id, chain=chain, tokens=0, compute_dtype=compute_dtype)]
+    else:
+        restore(model, saved["params"])
+        opt.load_state_dict(saved["opt"])
+        set_rng_state(saved["rng"])
+        first, tokens, ema = int(saved["step"]), int(saved["tokens"]), saved["ema"]
+        curve = [Evaluation(**e) for e in saved["curve"]]
+    start, before = time.perf_counter(), tokens
+    bar = tqdm(plan[first:], initial=first, total=len(plan), desc=desc, file=sys.stderr, dynamic_ncols=True,
+               mininterval=5.0)
+    for step, picked in enumerate(bar, start=first):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, len(plan), cfg)
         ids, at_b, at_t = _padded(train, picked, pad_id)
@@ -277,12 +289,16 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
         tokens += len(labels)
         value = float(loss.detach())
         ema = value if ema is None else 0.98 * ema + 0.02 * value
-        bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens / (time.perf_counter() - start):.0f}", refresh=False)
+        bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{(tokens - before) / (time.perf_counter() - start):.0f}",
+                        refresh=False)
         if step in points:
             curve.append(evaluate(model, held, pad_id, chain=chain, tokens=tokens, compute_dtype=compute_dtype))
             print(f"specbench: {desc}: {tokens} tokens: held-out agreement {curve[-1].agreement:.3f}, "
                   f"chain {[round(d, 3) for d in curve[-1].depth]}, mean accepted {curve[-1].mean_accepted:.2f}",
                   file=sys.stderr, flush=True)
+        if ckpt is not None and (step + 1 == len(plan) or ckpt.due()):  # the end too: the group's other draft may stop
+            ckpt.save({"step": step + 1, "params": trainable(model), "opt": opt.state_dict(), "rng": rng_state(),
+                       "tokens": tokens, "ema": ema, "curve": [dataclasses.asdict(e) for e in curve]})
     bar.close()
     model.eval()
     return DraftStats(epochs, len(plan), tokens, time.perf_counter() - start, float(ema or 0.0), curve)

@@ -95,11 +95,12 @@ SEED_OFFSETS = {"medusa": 5, "eagle": 6, "ppd": 8, "eagle3": 9, "specdec": 10}
 
 def train_head(part: str, cfg: dict, states: CorpusStates, held: CorpusStates, target: torch.nn.Module,
                tokenizer: Any, draft: Callable[[], torch.nn.Module], base: str, label: str, seed: int,
-               out: Any) -> dict:
+               out: Any, ckpt: Any = None) -> dict:
     """The head `part` (one of SEED_OFFSETS: EAGLE, EAGLE-3, Medusa, PPD's exit head, SpecDec's drafter from
     the kit's distilled draft, loaded by `draft`) trained on every training row of the corpus (`cfg`: the
     kit's `build.heads`, the section's `epochs` as steps), saved into `out/<part>`; its card: the
-    settings and stats, with its agreement on the held-out rows `held`."""
+    settings and stats, with its agreement on the held-out rows `held`. `ckpt`: a TrainingState the
+    training saves its progress in and resumes from (specbench.core.resume)."""
     import time
 
     from specbench.heads.eagle import save_eagle
@@ -139,33 +140,35 @@ def train_head(part: str, cfg: dict, states: CorpusStates, held: CorpusStates, t
     if part == "medusa":
         kw = settings(int(section.get("batch_positions", 1024)))
         head, stats = timed("train", lambda: train_medusa(states.features(), lm_head, **kw, seed=seed,
-                                                         compute_dtype=compute, desc=desc))
+                                                         compute_dtype=compute, ckpt=ckpt, desc=desc))
         save_medusa(head, out / part, base)
     elif part == "eagle":
         kw = settings(int(section["batch_rows"]) * int(section["window"]))
         head, stats = timed("train", lambda: train_eagle(states.features(), embed, lm_head, target.config, **kw,
-                                                         seed=seed, compute_dtype=compute, desc=desc))
+                                                         seed=seed, compute_dtype=compute, ckpt=ckpt, desc=desc))
         save_eagle(head, out / part, base)
     elif part == "ppd":
         kw = settings(int(section.get("batch_positions", 1024)), "exit_layer")
         extra["exit_layer"] = states.spec.exit_layer
         head, stats = timed("train", lambda: train_exit_head(
             states.features(), states.view("exit"), lm_head, exit_layer=states.spec.exit_layer,
-            num_layers=int(target.config.num_hidden_layers), **kw, seed=seed, compute_dtype=compute, desc=desc))
+            num_layers=int(target.config.num_hidden_layers), **kw, seed=seed, compute_dtype=compute, ckpt=ckpt,
+            desc=desc))
         states.release("exit")
         save_exit_head(head, out / part, int(lm_head.weight.shape[0]), base)
     elif part == "eagle3":
         kw = settings(int(section["batch_rows"]) * int(section["window"]), "layers")
         head, stats = timed("train", lambda: train_eagle3(states.features(fused=True), embed, lm_head, target.config,
                                                           **kw, layers=list(states.spec.fused), seed=seed,
-                                                          compute_dtype=compute, desc=desc))
+                                                          compute_dtype=compute, ckpt=ckpt, desc=desc))
         states.release("fused")
         save_eagle3(head, out / part, base)
         extra["draft_vocab"] = head.draft_vocab_size
     elif part == "specdec":
         kw = settings(int(section["batch_rows"]) * int(section["window"]))
         head, queries, stats = timed("train", lambda: train_specdec(states.features(), draft(), lm_head, **kw,
-                                                                    seed=seed, compute_dtype=compute, desc=desc))
+                                                                    seed=seed, compute_dtype=compute, ckpt=ckpt,
+                                                                    desc=desc))
         save_specdec(head, queries, tokenizer, out / part, int(lm_head.weight.shape[0]), base)
         extra.update({"block": queries.block, "query_params": queries.embeddings.numel()})
     else:
