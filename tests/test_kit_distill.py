@@ -4,6 +4,8 @@ own blocks, and training that lowers the held-out loss."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -147,18 +149,25 @@ def test_training_on_the_targets_answers_lowers_the_held_out_kl(tiny_models):
     assert stats.tokens == 8 * train.answer_tokens
 
 
-def test_a_draft_trained_on_the_targets_states_too_comes_closer_to_them(tiny_models):
-    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
-    gen = torch.Generator().manual_seed(2)
-    rows = [{"prompt_ids": torch.randint(5, 300, (5,), generator=gen).tolist(),
-             "answer_ids": torch.randint(5, 300, (12,), generator=gen).tolist(), "temperature": 0}
-            for _ in range(12)]
-    ids = torch.tensor([r["prompt_ids"] + r["answer_ids"] for r in rows])
+def random_rows(target: torch.nn.Module, *, seed: int, answer: int, rows: int = 12) -> tuple[list, list, Any]:
+    """`rows` corpus rows of random tokens (5-token prompts, `answer`-token answers), the target's top-4
+    log-probabilities at each answer position, and its forward's output (hidden states too)."""
+    gen = torch.Generator().manual_seed(seed)
+    made = [{"prompt_ids": torch.randint(5, 300, (5,), generator=gen).tolist(),
+             "answer_ids": torch.randint(5, 300, (answer,), generator=gen).tolist(), "temperature": 0}
+            for _ in range(rows)]
+    ids = torch.tensor([r["prompt_ids"] + r["answer_ids"] for r in made])
     with torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)
-    final = out.hidden_states[-1]  # the final-norm states, (rows, length, hidden)
     top = torch.log_softmax(out.logits, -1).topk(4, -1)
-    soft = [(top.indices[i, 4:-1], top.values[i, 4:-1]) for i in range(len(rows))]
+    return made, [(top.indices[i, 4:-1], top.values[i, 4:-1]) for i in range(rows)], out
+
+
+def test_a_draft_trained_on_the_targets_states_too_comes_closer_to_them(tiny_models):
+    target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
+    rows, soft, out = random_rows(target, seed=2, answer=12)
+    ids = torch.tensor([r["prompt_ids"] + r["answer_ids"] for r in rows])
+    final = out.hidden_states[-1]  # the final-norm states, (rows, length, hidden)
     train = distill.Rows.of(rows[:8], soft[:8]).with_states(final[:8])
     assert [s.shape for s in train.states] == [(12, target.config.hidden_size)] * 8
     cfg = {"epochs": 6, "batch_tokens": 64, "evaluations": 1, "chain": 2, "lr": 3e-3, "min_lr_ratio": 0.1,
@@ -184,14 +193,7 @@ def test_a_stopped_draft_training_resumes_to_the_same_weights_and_curve(tiny_mod
     from specbench.core.resume import TrainingState
 
     target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
-    gen = torch.Generator().manual_seed(3)
-    rows = [{"prompt_ids": torch.randint(5, 300, (5,), generator=gen).tolist(),
-             "answer_ids": torch.randint(5, 300, (10,), generator=gen).tolist(), "temperature": 0}
-            for _ in range(12)]
-    ids = torch.tensor([r["prompt_ids"] + r["answer_ids"] for r in rows])
-    with torch.no_grad():
-        top = torch.log_softmax(target(input_ids=ids).logits, -1).topk(4, -1)
-    soft = [(top.indices[i, 4:-1], top.values[i, 4:-1]) for i in range(len(rows))]
+    rows, soft, _ = random_rows(target, seed=3, answer=10)
     train, held = distill.Rows.of(rows[:8], soft[:8]), distill.Rows.of(rows[8:], soft[8:])
     cfg = OmegaConf.create({"epochs": 3, "batch_tokens": 32, "evaluations": 3, "chain": 2, "lr": 3e-3,
                             "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95,
