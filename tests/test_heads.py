@@ -394,13 +394,13 @@ def test_a_stopped_head_training_resumes_to_the_same_weights(targets, greedy_fea
     """A training stopped after its 5th of 8 steps, started again with the same TrainingState, ends
     with the weights and statistics of one that never stopped; the saved progress is removed by the
     caller when the part is done (TrainingState.finish)."""
+    from specbench.core import resume
     from specbench.core.resume import TrainingState
-    from specbench.heads import train as ht
 
     model = targets["llama"].model
     data = head_data(name, model, greedy_features)
     state = tmp_path / "progress.pt"
-    keep = ht._keep
+    keep = resume.keep
 
     def stop_after_five(ckpt, done, *rest) -> None:
         keep(ckpt, done, *rest)
@@ -409,12 +409,12 @@ def test_a_stopped_head_training_resumes_to_the_same_weights(targets, greedy_fea
 
     with single_thread():
         whole, whole_acc = train_small_head(name, model, data, steps=8)
-        monkeypatch.setattr(ht, "_keep", stop_after_five)
+        monkeypatch.setattr(resume, "keep", stop_after_five)
         with pytest.raises(KeyboardInterrupt):
             train_small_head(name, model, data, steps=8, ckpt=TrainingState(state, every_s=0))
         assert state.is_file()
         after: list[int] = []
-        monkeypatch.setattr(ht, "_keep", lambda ckpt, done, *rest: after.append(done) or keep(ckpt, done, *rest))
+        monkeypatch.setattr(resume, "keep", lambda ckpt, done, *rest: after.append(done) or keep(ckpt, done, *rest))
         resumed, resumed_acc = train_small_head(name, model, data, steps=8, ckpt=TrainingState(state, every_s=0))
     assert after == (list(range(6, 9)) if name != "specdec" else [6])  # only the steps not done before
     assert resumed_acc == whole_acc

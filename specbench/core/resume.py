@@ -55,6 +55,29 @@ class TrainingState:
         self.path.unlink(missing_ok=True)
 
 
+def resume(ckpt: TrainingState | None, module: torch.nn.Module, opt: torch.optim.Optimizer,
+           gen: torch.Generator | None = None) -> tuple[int, dict[str, Any]]:
+    """(the step a training loop starts at, its saved statistics), `module`, `opt` and the random
+    generators set as they were saved; (0, {}) without a TrainingState or saved progress."""
+    state = ckpt.load() if ckpt is not None else None
+    if state is None:
+        return 0, {}
+    restore(module, state["params"])
+    opt.load_state_dict(state["opt"])
+    set_rng_state(state["rng"], gen)
+    return int(state["step"]), dict(state["stats"])
+
+
+def keep(ckpt: TrainingState | None, done: int, total: int, module: torch.nn.Module, opt: torch.optim.Optimizer,
+         stats: dict[str, Any], gen: torch.Generator | None = None, *, last: bool = False) -> None:
+    """After `done` of `total` steps: the loop's progress saved when its TrainingState says it is time;
+    with `last`, also when the loop is done (a group that trains several parts in turn keeps the
+    finished ones while the next trains)."""
+    if ckpt is not None and (done < total and ckpt.due() or last and done == total):
+        ckpt.save({"step": done, "params": trainable(module), "opt": opt.state_dict(), "rng": rng_state(gen),
+                   "stats": stats})
+
+
 def trainable(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The parameters a training changes (frozen ones, e.g. copies of a target's LM head, are rebuilt
     by the loop's own start and not saved)."""

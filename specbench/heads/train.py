@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from specbench.core import resume as progress
 from specbench.core.errors import SpecbenchError
-from specbench.core.resume import TrainingState, restore, rng_state, set_rng_state, trainable
+from specbench.core.resume import TrainingState
 from specbench.heads.eagle import EagleHead, head_config_for
 from specbench.heads.eagle3 import Eagle3Head, feature_layers
 from specbench.heads.exit import ExitHead
@@ -125,26 +126,6 @@ def _compute(dtype: torch.dtype | None) -> AbstractContextManager:
     return torch.autocast("cpu", dtype=dtype) if dtype is not None else nullcontext()
 
 
-def _resumed(ckpt: TrainingState | None, module: nn.Module, opt: torch.optim.Optimizer,
-             gen: torch.Generator) -> tuple[int, dict]:
-    """(the step to start at, the loop's saved statistics): 0 and none without saved progress."""
-    state = ckpt.load() if ckpt is not None else None
-    if state is None:
-        return 0, {}
-    restore(module, state["params"])
-    opt.load_state_dict(state["opt"])
-    set_rng_state(state["rng"], gen)
-    return int(state["step"]), dict(state["stats"])
-
-
-def _keep(ckpt: TrainingState | None, done: int, steps: int, module: nn.Module, opt: torch.optim.Optimizer,
-          gen: torch.Generator, stats: dict) -> None:
-    """After `done` steps: the loop's progress saved when its TrainingState says it is time."""
-    if ckpt is not None and done < steps and ckpt.due():
-        ckpt.save({"step": done, "params": trainable(module), "opt": opt.state_dict(), "rng": rng_state(gen),
-                   "stats": stats})
-
-
 def _steps_bar(first: int, steps: int, desc: str) -> Any:
     return tqdm(range(first, steps), initial=first, total=steps, desc=desc, file=sys.stderr, mininterval=2.0)
 
@@ -231,7 +212,7 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
     opt = _optimizer(params, lr, weight_decay)
     weights = torch.tensor([decay**k for k in range(num_heads)])
     start = time.perf_counter()
-    first, saved = _resumed(ckpt, heads, opt, gen)
+    first, saved = progress.resume(ckpt, heads, opt, gen)
     ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(num_heads)), saved.get("seen", 0)
     heads.train()
     bar = _steps_bar(first, steps, desc)
@@ -251,7 +232,7 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
             hits += (logits.detach().argmax(-1) == y).float().sum(0)
             seen += y.shape[0]
         ema = _smoothed(ema, loss, bar)
-        _keep(ckpt, step + 1, steps, heads, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
+        progress.keep(ckpt, step + 1, steps, heads, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     bar.close()
     _freeze(heads)
     return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
@@ -260,13 +241,12 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
 def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
                 steps: int = 300, batch_positions: int = 1024, lr: float = 1e-3, weight_decay: float = 0.0,
                 decay: float = 0.8, train_projections: bool = False, distill: bool = True, seed: int = 0,
-                compute_dtype: torch.dtype | None = None,
                 desc: str = "hydra head") -> tuple[HydraHeads, HeadStats]:
     """Hydra heads on the frozen features, teacher-forced: at position t head k reads h_t and the
     embeddings of tokens t+1 .. t+k+1 and learns token t+k+2 (weighted `decay ** k`): with
     `distill`, the cross-entropy to the target's own next-token distribution there (Hydra++'s
     teacher distillation), else to the corpus token. Projections start as the LM head and are
-    trained only with `train_projections`. `compute_dtype`: `_compute`."""
+    trained only with `train_projections`."""
     torch.manual_seed(seed)
     vocab, hidden = lm_head.weight.shape
     heads = HydraHeads(num_heads, num_layers, int(hidden), int(vocab))
@@ -299,7 +279,7 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
                 group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
             pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
             r, t = pick[:, 0], pick[:, 1]
-            with torch.no_grad(), _compute(compute_dtype):
+            with torch.no_grad():
                 emb = embed(data.input_ids[r[:, None], t[:, None] + ahead]).float()  # (B, K+1, d)
                 # The target's distribution of token t+k+2 is its LM head at position t+k+1.
                 teacher = lm_head(data.features[r[:, None], t[:, None] + ahead[:-1]]).float()  # (B, K, V)
@@ -309,9 +289,7 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
             loss = torch.zeros(())
             for k in range(num_heads):
                 x = torch.cat([x, emb[:, k]], dim=-1)
-                with _compute(compute_dtype):
-                    logits = heads.head(k, x)
-                logp = torch.log_softmax(logits.float(), dim=-1)
+                logp = torch.log_softmax(heads.head(k, x).float(), dim=-1)
                 if distill:
                     loss_k = -(teacher_p[:, k] * logp).sum(-1).mean()
                 else:
@@ -365,7 +343,7 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
     params = list(head.parameters())
     opt = _optimizer(params, lr, weight_decay)
     start = time.perf_counter()
-    first, saved = _resumed(ckpt, head, opt, gen)
+    first, saved = progress.resume(ckpt, head, opt, gen)
     ema, hits, seen = saved.get("ema"), saved.get("hits", 0.0), saved.get("seen", 0.0)
     head.train()
     bar = _steps_bar(first, steps, desc)
@@ -385,7 +363,7 @@ def train_exit_head(data: Features, exit_states: torch.Tensor, lm_head: nn.Modul
                 hits += float((logp.detach().argmax(-1) == teacher.argmax(-1)).sum())
                 seen += batch_positions
             ema = _smoothed(ema, loss, bar)
-            _keep(ckpt, step + 1, steps, head, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
+            progress.keep(ckpt, step + 1, steps, head, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), [hits / max(seen, 1.0)])
@@ -422,7 +400,7 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
     vocab = int(lm_head.weight.shape[0])
     start = time.perf_counter()
     both = nn.ModuleDict({"draft": draft, "queries": queries})  # what is trained, as one module
-    first, saved = _resumed(ckpt, both, opt, gen)
+    first, saved = progress.resume(ckpt, both, opt, gen)
     ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(block)), saved.get("seen", 0.0)
     bar = _steps_bar(first, steps, desc)
     with frozen(lm_head):
@@ -477,7 +455,7 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
                 hits += torch.cat([first_pos.view(1), later])
                 seen += len(ids)
             ema = _smoothed(ema, loss, bar)
-            _keep(ckpt, step + 1, steps, both, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
+            progress.keep(ckpt, step + 1, steps, both, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     bar.close()
     _freeze(draft, queries)
     return draft, queries, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0),
@@ -526,7 +504,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
     params = [p for p in head.parameters() if p.requires_grad]
     opt = _optimizer(params, lr, weight_decay)
     start = time.perf_counter()
-    first, saved = _resumed(ckpt, head, opt, gen)
+    first, saved = progress.resume(ckpt, head, opt, gen)
     ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(ttt_steps)), saved.get("seen",
                                                                                                torch.zeros(ttt_steps))
     head.train()
@@ -567,7 +545,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                 h = out
             _update(opt, loss, params)
             ema = _smoothed(ema, loss, bar)
-            _keep(ckpt, step + 1, steps, head, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
+            progress.keep(ckpt, step + 1, steps, head, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / seen.clamp(min=1)).tolist())
@@ -594,7 +572,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
                              "larger seq_len")
     opt = _optimizer(list(head.parameters()), lr, weight_decay)
     start = time.perf_counter()
-    first, saved = _resumed(ckpt, head, opt, gen)
+    first, saved = progress.resume(ckpt, head, opt, gen)
     head.train()
     bar = _steps_bar(first, steps, desc)
     with frozen(embed, lm_head):
@@ -651,7 +629,7 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
             hits += float((logp.detach().argmax(-1) == target_logp.argmax(-1)).sum())
             seen += float(target_logp.shape[0])
         ema = _smoothed(ema, loss, bar)
-        _keep(ckpt, step + 1, steps, head, opt, gen, {"ema": ema, "hits": hits, "seen": seen})
+        progress.keep(ckpt, step + 1, steps, head, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     return float(ema or 0.0), [hits / max(seen, 1.0)]
 
 

@@ -21,9 +21,9 @@ from specbench.core.resources import CONFIG_DIR
 KIT_DIR = CONFIG_DIR / "kit"
 #: more folders of kit YAMLs (os.pathsep-separated), searched before the built-in ones
 KIT_PATH_VAR = "SPECBENCH_KIT_PATH"
-#: what `model=KIT` composes when there is no configs/model/KIT.yaml; a kit's `model:` section overrides it
-MODEL_DEFAULTS = {"template": "chat_template", "max_new_tokens": 256, "dtype": None, "stop_strings": [],
-                  "trust_remote_code": False}
+#: `model=KIT` without a configs/model/KIT.yaml is configs/model/local.yaml (so it has every key a model
+#: config has) with these and the kit's names, then the kit's own `model:` section
+MODEL_DEFAULTS = {"max_new_tokens": 256}
 
 
 def kit_dirs() -> list[Path]:
@@ -53,12 +53,13 @@ def load_kit(name: str) -> DictConfig:
 
 
 def kit_model_config(name: str) -> dict:
-    """`model=KIT` for a kit with no configs/model/KIT.yaml: its target, its draft and its parts, with
-    MODEL_DEFAULTS and then the kit's own `model:` section."""
+    """`model=KIT` for a kit with no configs/model/KIT.yaml: configs/model/local.yaml's keys with the kit's
+    target, draft and parts, MODEL_DEFAULTS, then the kit's own `model:` section."""
     kit = load_kit(name)
     own = OmegaConf.to_container(kit.get("model") or OmegaConf.create({}), resolve=True)
-    return {"name": name, "path": f"{name}:target", "draft": f"{name}:draft", "parts": name, **MODEL_DEFAULTS,
-            **own}
+    local = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "model" / "local.yaml"), resolve=True)
+    return {**local, "name": name, "path": f"{name}:target", "draft": f"{name}:draft", "parts": name,
+            **MODEL_DEFAULTS, **own}
 
 
 def resolve(kit_name: str, part: str) -> Path:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -170,8 +169,10 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
             states = corpus_states(kit, split_rows(kit, read_corpus(corpus))[0], target)
             fitted = settings
             if epochs is not None:  # passes over every drafting position of the training rows
-                steps = max(1, math.ceil(epochs * states.drafting_positions / int(settings.batch_positions)))
-                fitted = dataclasses.replace(settings, steps=steps)
+                from specbench.kit.heads import steps_for
+
+                steps = steps_for({"epochs": epochs}, states.drafting_positions, int(settings.batch_positions))
+                fitted = dataclasses.replace(settings, **steps)
             data = CorpusHeadData(target=target.model, tokenizer=target.tokenizer, input_ids=torch.zeros(0, 0),
                                   valid=torch.zeros(0, 0, dtype=torch.bool), base=f"{kit.name}:target",
                                   label=kit.name, seed=int(kit.build.seed), draft=lambda: _load_draft(kit),

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specbench.core import resume as progress
 from specbench.core.errors import SpecbenchError
-from specbench.core.resume import TrainingState, restore, rng_state, set_rng_state, trainable
+from specbench.core.resume import TrainingState
 
 
 @dataclass
@@ -253,15 +254,12 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
         raise SpecbenchError("feature_weight > 0 needs the target's states of the training rows (Rows.with_states)")
     chain = int(cfg.chain)
     model.train()
-    saved = ckpt.load() if ckpt is not None else None
-    if saved is None:
-        first, tokens, ema = 0, 0, None
+    first, saved = progress.resume(ckpt, model, opt)
+    if not saved:
+        tokens, ema = 0, None
         curve = [evaluate(model, held, pad_id, chain=chain, tokens=0, compute_dtype=compute_dtype)]
     else:
-        restore(model, saved["params"])
-        opt.load_state_dict(saved["opt"])
-        set_rng_state(saved["rng"])
-        first, tokens, ema = int(saved["step"]), int(saved["tokens"]), saved["ema"]
+        tokens, ema = int(saved["tokens"]), saved["ema"]
         curve = [Evaluation(**e) for e in saved["curve"]]
     start, before = time.perf_counter(), tokens
     bar = tqdm(plan[first:], initial=first, total=len(plan), desc=desc, file=sys.stderr, dynamic_ncols=True,
@@ -296,9 +294,8 @@ def train_draft(model: torch.nn.Module, train: Rows, held: Rows, cfg: Any, *, pa
             print(f"specbench: {desc}: {tokens} tokens: held-out agreement {curve[-1].agreement:.3f}, "
                   f"chain {[round(d, 3) for d in curve[-1].depth]}, mean accepted {curve[-1].mean_accepted:.2f}",
                   file=sys.stderr, flush=True)
-        if ckpt is not None and (step + 1 == len(plan) or ckpt.due()):  # the end too: the group's other draft may stop
-            ckpt.save({"step": step + 1, "params": trainable(model), "opt": opt.state_dict(), "rng": rng_state(),
-                       "tokens": tokens, "ema": ema, "curve": [dataclasses.asdict(e) for e in curve]})
+        progress.keep(ckpt, step + 1, len(plan), model, opt,
+                      {"tokens": tokens, "ema": ema, "curve": [dataclasses.asdict(e) for e in curve]}, last=True)
     bar.close()
     model.eval()
     return DraftStats(epochs, len(plan), tokens, time.perf_counter() - start, float(ema or 0.0), curve)
