@@ -52,13 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     import specbench.kit  # noqa: F401 - registers the kits' resolvers
-    from specbench.heads.eagle import save_eagle
-    from specbench.heads.train import train_eagle
+    from specbench.core.hardware import autocast_dtype
+    from specbench.heads.recipe import train_part
     from specbench.kit import build as kb
     from specbench.kit import load_kit
     from specbench.kit.distill import Rows, train_draft
-    from specbench.kit.heads import eagle_chain, steps_for
-    from specbench.zoo import train as zoo_train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kit", default="smollm2")
@@ -81,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     held_rows = Rows.of(held, kb.soft_targets(kit, held))
-    held_states = kb.corpus_states(kit, held, target)
+    eagle_recipe = kb.kit_recipe(kit, "eagle")  # EAGLE's recipe with the kit's settings
     section = kit.build.drafts.draft
-    compute = zoo_train.autocast_dtype(str(kit.build.drafts.dtype))
+    compute = autocast_dtype(str(kit.build.drafts.dtype))
     results = []
     for budget in [float(b) for b in opts.budgets.split(",")]:
         start = time.perf_counter()
@@ -95,15 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                             desc=f"curve {budget:g} draft", compute_dtype=compute)
         draft.save_pretrained(folder / "draft")
         tok.save_pretrained(folder / "draft", save_jinja_files=False)
-        states = kb.corpus_states(kit, picked, target)
-        eagle_cfg = steps_for(OmegaConf.to_container(kit.build.heads.eagle, resolve=True),
-                              states.drafting_positions,
-                              int(kit.build.heads.eagle.batch_rows) * int(kit.build.heads.eagle.window))
-        head, head_stats = train_eagle(states.features(), target.model.get_input_embeddings(),
-                                       target.model.get_output_embeddings(), target.model.config, **eagle_cfg,
-                                       seed=int(kit.build.seed) + 6, desc=f"curve {budget:g} eagle head")
-        save_eagle(head, folder / "eagle", f"{kit.name}:target")
-        chain = eagle_chain(head, held_states, target.model)
+        data = kb.head_data(kit, picked, held, target)
+        card = train_part(*eagle_recipe, data, folder / "eagle", "eagle")
+        chain = card["heldout_chain"]
         measured = {}
         for method, override in (("sps", f"method.draft={folder / 'draft'}"),
                                  ("eagle2", f"method.head={folder / 'eagle'}")):
@@ -115,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             measured[method] = mean_accepted(answers)
         results.append({"budget": budget, "rows": len(picked), "answer_tokens": train.answer_tokens,
                         "draft_tokens_seen": stats.tokens, "draft_heldout": stats.curve[-1].as_dict(),
-                        "eagle_positions": states.drafting_positions, "eagle_steps": eagle_cfg["steps"],
+                        "eagle_positions": data.states.drafting_positions, "eagle_steps": card["steps"],
                         "eagle_heldout_chain": [round(v, 4) for v in chain],
                         "sps_mean_accepted": round(measured["sps"][0], 4),
                         "eagle2_mean_accepted": round(measured["eagle2"][0], 4),

@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 def draft_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) -> dict:
     from omegaconf import OmegaConf
 
+    from specbench.core.hardware import autocast_dtype
     from specbench.kit import build as kb
     from specbench.kit.distill import Rows, train_draft
-    from specbench.zoo import train as zoo_train
 
     tok = target.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -66,28 +66,29 @@ def draft_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) 
     if float(section.get("feature_weight", 0.0)) > 0:
         train = train.with_states(kb.corpus_states(kit, rows, target).view("final"))
     stats = train_draft(model, train, held_rows, section, pad_id=pad, seed=int(kit.build.seed), desc=variant["name"],
-                        compute_dtype=zoo_train.autocast_dtype(str(kit.build.drafts.dtype)))
+                        compute_dtype=autocast_dtype(str(kit.build.drafts.dtype)))
     return {"train_answer_tokens": train.answer_tokens, "steps": stats.steps,
             "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "curve": [c.as_dict() for c in stats.curve]}
 
 
 def eagle_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) -> dict:
+    import tempfile
+    from pathlib import Path
+
     from omegaconf import OmegaConf
 
-    from specbench.heads.train import train_eagle
+    from specbench.heads.recipe import train_part
     from specbench.kit import build as kb
-    from specbench.kit.heads import eagle_chain, steps_for
 
-    states, held_states = kb.corpus_states(kit, rows, target), kb.corpus_states(kit, held, target)
-    cfg = OmegaConf.to_container(OmegaConf.merge(kit.build.heads.eagle, OmegaConf.create(variant.get("cfg", {}))),
-                                 resolve=True)
-    cfg = steps_for(cfg, states.drafting_positions, int(cfg["batch_rows"]) * int(cfg["window"]))
-    head, stats = train_eagle(states.features(), target.model.get_input_embeddings(),
-                              target.model.get_output_embeddings(), target.model.config, **cfg,
-                              seed=int(kit.build.seed) + 6, desc=variant["name"])
-    return {"positions": states.drafting_positions, "steps": cfg["steps"], "train": stats.as_dict(),
-            "heldout_chain": [round(c, 4) for c in eagle_chain(head, held_states, target.model)]}
+    changed = OmegaConf.merge(kit, {"build": {"heads": {"eagle": variant.get("cfg", {})}}})
+    cls, settings = kb.kit_recipe(changed, "eagle")  # EAGLE's recipe with the kit's settings and the variant's
+    data = kb.head_data(changed, rows, held, target)
+    with tempfile.TemporaryDirectory() as out:
+        card = train_part(cls, settings, data, Path(out), "eagle")
+    return {"positions": data.states.drafting_positions, "steps": card["steps"],
+            "train": {k: card[k] for k in ("steps", "seconds", "final_loss", "top1")},
+            "heldout_chain": card["heldout_chain"]}
 
 
 if __name__ == "__main__":

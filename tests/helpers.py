@@ -536,11 +536,11 @@ TINY_KIT = {
                       "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "kd_alpha": kd}
                for name, init, kd in (("draft", "target_layers", 0.9), ("draft_plain", "pca", 0.0))},
         },
-        "heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
+        "heads": {"medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                   "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
                   "hydra": {"num_heads": 2, "steps": 3, "batch_positions": 32},
                   "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
-                  "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
+                  "eagle3": {"layers": None, "steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
                   "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}},
     },
 }

@@ -58,7 +58,8 @@ def gpt2_heads(target_folders, targets, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gpt2-heads")
     corpus = greedy_chats(targets["gpt2"], root / "chats.jsonl")
     out = {}
-    for name, extra in (("eagle", ["lr=0.005"]), ("medusa", ["heads=3", "train_projections=true", "lr=0.01"])):
+    medusa = ["method.train.num_heads=3", "method.train.train_projections=true", "lr=0.01"]
+    for name, extra in (("eagle", ["lr=0.005"]), ("medusa", medusa)):
         result = cli("train-head", f"method={name}", "model=local", f"model.path={target_folders['gpt2']}",
                      f"corpus={corpus}", f"out={root / name}", "tokens=4000", "steps=40", "seq_len=256",
                      "threads=1", *extra, cwd=root)
@@ -319,36 +320,37 @@ HEAD_CASES = [
 ]
 
 TRAIN_CASES = [
-    (["method=sps", "model=tiny"], r"train-head needs method=medusa, eagle, .*\(got method=sps\)"),
-    (["model=tiny"], r"train-head needs method=medusa, eagle, [a-z0-9, ]+ or specdec; usage"),
+    (["method=sps", "model=tiny"], r"train-head needs method=eagle, .*medusa, .*\(got method=sps\)"),
+    (["model=tiny"], r"train-head needs method=eagle, [a-z0-9, ]+; usage"),
     (["method=eagle"], r"train-head needs model=NAME"),
     (["method=eagle", "model=nope"], r"unknown model 'nope'"),
     (["method=medusa", "model=local"], r"model=local needs model\.path="),
     (["method=medusa", "model=local", "model.path={root}/absent"], r"absent.*does not exist"),
-    (["method=eagle", "model=local", "model.path={gpt2}", "steps=0"], r"steps=0 must be at least 1"),
-    (["method=eagle", "model=local", "model.path={gpt2}", "steps=-5"], r"steps=-5 must be at least 1"),
-    (["method=medusa", "model=local", "model.path={gpt2}", "steps=ten"],
-     r"steps='ten' is not an integer; give e.g. steps=150"),
-    (["method=medusa", "model=local", "model.path={gpt2}", "lr=0"], r"lr='0' must be a positive number"),
+    (["method=eagle", "model=local", "model.path={gpt2}", "steps=0"], r"setting 'steps' must be >= 1, got 0"),
+    (["method=eagle", "model=local", "model.path={gpt2}", "steps=-5"], r"setting 'steps' must be >= 1, got -5"),
+    (["method=medusa", "model=local", "model.path={gpt2}", "steps=ten"], r"bad setting 'steps'.*'ten'"),
+    (["method=medusa", "model=local", "model.path={gpt2}", "lr=0"], r"setting 'lr' must be a positive number, got 0"),
     (["method=medusa", "model=local", "model.path={gpt2}", "out={root}/a-file"], r"a-file is a file, not a folder"),
     (["method=medusa", "model=local", "model.path={gpt2}", "out={root}/a-file/head"], r"a-file is a file"),
-    (["method=eagle", "model=local", "model.path={gpt2}", "heads=3"], r"heads apply to method=medusa only"),
-    (["method=hydra", "model=local", "model.path={gpt2}", "heads=2"],
-     r"method=hydra trains through its own recipe and takes its settings as method\.train\.KEY=VALUE"),
+    (["method=eagle", "model=local", "model.path={gpt2}", "heads=3"],
+     r"heads= is a setting of the method's recipe now: give method\.train\.num_heads=VALUE"),
+    (["method=eagle2", "model=local", "model.path={gpt2}"], r"eagle2 drafts on eagle's head: train method=eagle"),
     (["method=hydra", "model=local", "model.path={gpt2}", "method.train.num_layers=0"],
      r"setting 'num_layers' must be >= 1, got 0"),
     (["method=hydra", "model=local", "model.path={gpt2}", "method.train.colour=red"],
      r"Could not override 'method\.train\.colour'.*method\.train\.KEY"),
     (["method=eagle3", "model=local", "model.path={gpt2}", "feature_layers=2,4,8"],
      r"feature_layers: give one value \(a list is written feature_layers=\[a,b\]\)"),
-    (["method=medusa", "model=local", "model.path={gpt2}", "train_projections=maybe"], r"must be true or false"),
+    (["method=medusa", "model=local", "model.path={gpt2}", "method.train.train_projections=maybe"],
+     r"train_projections.*maybe"),
     (["method=medusa", "model=local", "model.path={gpt2}", "threads=0"], r"threads=0 must be at least 1"),
     (["method=medusa", "model=local", "model.path={gpt2}", "colour=red"], r"unknown train-head key 'colour'"),
     (["method=medusa", "model=local", "model.path={gpt2}", "steps"], r"takes key=value arguments, got 'steps'"),
     (["method=medusa", "model=local", "model.path={gpt2}", "corpus={root}/none.jsonl"], r"none\.jsonl"),
     (["method=eagle", "model=local", "model.path={gpt2}", "corpus={root}/short.jsonl", "seq_len=6"],
      r"EAGLE training needs rows of at least 8 real tokens"),
-    (["method=medusa", "model=local", "model.path={gpt2}", "corpus={root}/short.jsonl", "seq_len=4", "heads=4"],
+    (["method=medusa", "model=local", "model.path={gpt2}", "corpus={root}/short.jsonl", "seq_len=4",
+      "method.train.num_heads=4"],
      r"Medusa training needs documents of at least 6 tokens"),
     (["method=medusa", "model=local", "model.path={small}", "corpus={root}/short.jsonl"],
      r"gives token id \d+ but the model embeds only 100 tokens"),

@@ -169,26 +169,27 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(["the quick brown fox jumps over the lazy dog"] * 6) for _ in range(20)))
     done = cli("train-head", "method=eagle3", "model=local", f"model.path={tiny_models['llama']}", f"corpus={corpus}",
-               f"out={out}", "tokens=2000", "steps=3", "draft_vocab=40", "ttt_steps=2", cwd=tmp_path)
+               f"out={out}", "tokens=2000", "steps=3", "method.train.draft_vocab=40",
+               "method.train.ttt_steps=2", cwd=tmp_path)
     assert done.code == 0, done
     method = build_method(method_cfg("eagle3", head=str(out)), targets["llama"], EMPTY)
     assert method.head.draft_vocab_size == 40
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
-    bad = cli("train-head", "method=medusa", "model=local", f"model.path={tiny_models['llama']}", "ttt_steps=2",
-              cwd=tmp_path)
-    assert_one_line_error(bad, "ttt_steps apply to method=eagle3 only")
+    bad = cli("train-head", "method=medusa", "model=local", f"model.path={tiny_models['llama']}",
+              "method.train.ttt_steps=2", cwd=tmp_path)
+    assert_one_line_error(bad, r"Could not override 'method\.train\.ttt_steps'.*method\.train\.KEY")
     # other fused layers than the published rule's: recorded in config.json, used when drafting
     top = tmp_path / "eagle3-top"
     done = cli("train-head", "method=eagle3", "model=local", f"model.path={tiny_models['llama']}", f"corpus={corpus}",
-               f"out={top}", "tokens=2000", "steps=3", "feature_layers=[0,1,2]", cwd=tmp_path)
+               f"out={top}", "tokens=2000", "steps=3", "method.train.layers=[0,1,2]", cwd=tmp_path)
     assert done.code == 0, done
     assert json.loads((top / "config.json").read_text())["eagle3_layers"] == [0, 1, 2]
     method = build_method(method_cfg("eagle3", head=str(top)), targets["llama"], EMPTY)
     assert method.drafter.layers == (0, 1, 2)
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
-    for spec, message in (("[1,2]", r"give three hidden_states indices, e.g. feature_layers=\[2,4,8\]"),
+    for spec, message in (("[1,2]", r"give three hidden_states indices"),
                           ("[0,1,5]", r"give three hidden_states indices in 0..2")):
         bad = cli("train-head", "method=eagle3", "model=local", f"model.path={tiny_models['llama']}",
-                  f"corpus={corpus}", f"out={tmp_path / 'x'}", "tokens=2000", "steps=3", f"feature_layers={spec}",
+                  f"corpus={corpus}", f"out={tmp_path / 'x'}", "tokens=2000", "steps=3", f"method.train.layers={spec}",
                   cwd=tmp_path)
         assert_one_line_error(bad, message)

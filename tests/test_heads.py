@@ -311,35 +311,61 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
 
 
-def test_zoo_stage_writes_every_head(targets, tmp_path):
-    from types import SimpleNamespace
+def test_every_trained_method_s_recipe_writes_a_head_that_decodes_losslessly(targets, tmp_path):
+    """Each method that trains a head does so through its own recipe (its `train:` settings, its
+    `train_head`), on packed rows as the zoo and train-head give them: the folder it writes loads as
+    the method's head and decodes exactly the baseline's tokens."""
+    from specbench.heads.recipe import HeadData, train_part
+    from specbench.run.registry import discover
 
-    from specbench.heads.train import zoo_stage
-
+    registry = discover()
+    assert {"medusa", "eagle", "eagle3", "hydra", "ppd", "specdec"} <= set(registry.trained())
     target = targets["llama"]
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 300, (6, 64), generator=gen)
-    labels = ids.clone()
-    labels[:, 50:] = -100
-    cfg = OmegaConf.create({"heads": {"tokens": 256, "medusa": {"num_heads": 2, "steps": 3, "batch_positions": 32},
-                                      "eagle": {"steps": 3, "batch_rows": 2, "window": 32},
-                                      "ppd": {"exit_layer": None, "steps": 3, "batch_positions": 32},
-                                      "eagle3": {"steps": 3, "batch_rows": 2, "window": 32, "draft_vocab": 200},
-                                      "specdec": {"block": 3, "steps": 3, "batch_rows": 2, "window": 32, "cuts": 4}}})
-    state = {"train_rows": SimpleNamespace(input_ids=ids, labels=labels), "draft": target.model,
-             "tokenizer": target.tokenizer}
-    ctx = SimpleNamespace(cfg=cfg, out=tmp_path, state=state, card={}, model=lambda name: target.model,
-                          seed=lambda offset: offset)
-    zoo_stage(ctx)
-    assert ctx.card["heads"]["tokens"] == 4 * 50 and ctx.card["heads"]["medusa"]["steps"] == 3
-    assert not (tmp_path / "hydra").exists()  # Hydra trains through its own recipe (tests/test_recipe.py)
-    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle"), ("ppd", "ppd"), ("eagle3", "eagle3"),
-                         ("specdec", "specdec")):
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    valid[:, 50:] = False
+    data = HeadData(target=target.model, tokenizer=target.tokenizer, input_ids=ids, valid=valid, base="a-path",
+                    draft=lambda: target.model)
+    small = {"medusa": {"num_heads": 2, "batch_positions": 32}, "eagle": {"batch_rows": 2, "window": 32},
+             "hydra": {"num_heads": 2, "batch_positions": 32}, "ppd": {"batch_positions": 32},
+             "eagle3": {"layers": None, "batch_rows": 2, "window": 32, "draft_vocab": 200},
+             "specdec": {"block": 3, "batch_rows": 2, "window": 32, "cuts": 4}}
+    for name, folder in (("medusa", "medusa"), ("eagle2", "eagle"), ("hydra", "hydra"), ("ppd", "ppd"),
+                         ("eagle3", "eagle3"), ("specdec", "specdec")):
+        if not (tmp_path / folder).is_dir():
+            cls, settings = registry.recipe(folder, {"tokens": 256, "steps": 3, **small[folder]})
+            card = train_part(cls, settings, data, tmp_path / folder, folder)
+            assert card["steps"] == 3 and card["tokens"] == 4 * 50 and card["base"] == "a-path", card
         method = build_method(method_cfg(name, head=str(tmp_path / folder)), target, EMPTY)
         assert_matches_baseline(method, target, lengths=(6,))
 
 
-TRAINED_HEADS = ["medusa", "eagle", "ppd", "eagle3", "specdec"]
+def test_epochs_turn_into_steps_over_the_training_positions(targets):
+    """`epochs` (a kit's way to size a head) becomes ceil(epochs x training positions / positions a step)
+    steps; without it `steps` counts; a non-positive epochs or an unknown dtype is a one-line error."""
+    from specbench.heads.recipe import HeadData
+    from specbench.run.registry import discover
+
+    target = targets["llama"]
+    ids = torch.randint(5, 300, (4, 64), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    valid[:, 40:] = False
+    data = HeadData(target=target.model, tokenizer=target.tokenizer, input_ids=ids, valid=valid, base="x")
+    registry = discover()
+    _, medusa = registry.recipe("medusa", {"epochs": 2.5, "batch_positions": 32, "tokens": 128})
+    assert data.positions(128) == 2 * 40 and data.steps(medusa) == 7  # ceil(2.5 * 80 / 32)
+    _, eagle = registry.recipe("eagle", {"epochs": 1.0, "batch_rows": 2, "window": 16, "tokens": 10_000})
+    assert data.steps(eagle) == 5  # ceil(160 / 32)
+    _, fixed = registry.recipe("eagle", {"steps": 11})
+    assert data.steps(fixed) == 11
+    with pytest.raises(SpecbenchError, match="'epochs' must be a positive number"):
+        registry.recipe("medusa", {"epochs": 0})
+    with pytest.raises(SpecbenchError, match="'dtype' must be one of float32, bfloat16, auto"):
+        registry.recipe("medusa", {"dtype": "half"})
+
+
+TRAINED_HEADS = ["medusa", "hydra", "eagle", "ppd", "eagle3", "specdec"]
 
 
 def train_small_head(name: str, model: torch.nn.Module, data, steps: int = 80, **common) -> tuple:
@@ -350,6 +376,8 @@ def train_small_head(name: str, model: torch.nn.Module, data, steps: int = 80, *
     common = {"seed": 0, "lr": 1e-2, **common}
     if name == "medusa":
         head, stats = ht.train_medusa(data, lm_head, num_heads=2, steps=steps, batch_positions=128, **common)
+    elif name == "hydra":
+        head, stats = ht.train_hydra(data, embed, lm_head, num_heads=2, steps=steps, batch_positions=128, **common)
     elif name == "eagle":
         head, stats = ht.train_eagle(data, embed, lm_head, model.config, steps=steps, batch_rows=3, window=48,
                                      **common)

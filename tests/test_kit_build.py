@@ -1,5 +1,5 @@
 """A kit's parts end to end on a tiny random Llama standing in for a real target: the target's own
-answers (corpus), REST's datastore, two distilled drafts and six heads, each group cached once,
+answers (corpus), REST's datastore, two distilled drafts and six heads (each its method's recipe), each cached once,
 then every method that needs them built through `${parts:...}` for `model.parts=testkit`, lossless."""
 
 from __future__ import annotations
@@ -21,6 +21,18 @@ from specbench.run.registry import build_method
 from specbench.zoo import shipped
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.fast]  # fast: `make test-fast`
+
+HEADS = ("medusa", "eagle", "eagle3", "hydra", "ppd", "specdec")
+
+
+def head_dir(kit, name: str):
+    """The cache folder of the kit's head of method `name` (built or not)."""
+    return build.trained_dir(kit, *build.kit_recipe(kit, name), name)
+
+
+def head_card(kit, name: str) -> dict:
+    return json.loads((build.ensure_trained(kit, name) / "part.json").read_text())
+
 
 @pytest.fixture(scope="module")
 def kit(tiny_models, tmp_path_factory):
@@ -45,17 +57,18 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
     assert len(rows) >= 12 and all(r["turns"] and r["prompt_ids"] for r in rows)
     assert {r["shard"] for r in rows} == {0, 1} and {"math", "foreign"} <= {r["category"] for r in rows}
     assert all(0 < len(r["answer_ids"]) <= 12 for r in rows)
-    for group in ("datastore", "drafts", *build.HEAD_GROUPS):
+    for group in ("datastore", "drafts"):
         folder = build.ensure_group(kit, group)
         card = json.loads((folder / build.CARD).read_text())
         assert card["group"] == group and card["build_seconds"] >= 0 and card["settings"]["code"]
+    assert set(HEADS) <= set(build.trained_methods())  # every trained built-in is its method's recipe
+    heads = {name: head_card(kit, name) for name in HEADS}
     assert 0 < sum(r["heldout"] for r in rows) < len(rows)
     assert not list(build.kit_dir(kit).rglob("*.progress.pt"))  # saved progress is removed once a part is done
-    heads = {name: json.loads((build.group_dir(kit, name) / build.CARD).read_text())[name]
-             for name in build.HEAD_GROUPS}
     assert {h["drafting_positions"] for h in heads.values()} == {
         sum(len(r["answer_ids"]) for r in rows if not r["heldout"])}
-    for name, depths in (("medusa", 2), ("eagle", 1), ("eagle3", 1), ("ppd", 1)):  # measured on held-out rows
+    assert heads["medusa"]["settings"]["num_heads"] == 2 and heads["medusa"]["steps"] == 3  # the kit's over the YAML's
+    for name, depths in (("medusa", 2), ("hydra", 2), ("eagle", 1), ("eagle3", 1), ("ppd", 1)):  # held-out rows
         assert len(heads[name]["heldout_top1"]) == depths and all(0 <= v <= 1 for v in heads[name]["heldout_top1"])
     chain = heads["eagle"]["heldout_chain"]  # drafting on its own states: each depth at most the one before
     assert len(chain) == 5 and all(1 >= a >= b >= 0 for a, b in zip(chain, chain[1:]))
@@ -64,17 +77,21 @@ def test_a_kit_builds_every_part_once_from_the_targets_own_answers(kit):
     assert drafts["heldout_rows"] == sum(r["heldout"] for r in rows) and drafts["train_rows"] == len(rows) - sum(
         r["heldout"] for r in rows)
     # built once: a second call reads the cache
-    before = (build.group_dir(kit, "eagle") / build.CARD).stat().st_mtime_ns
-    build.ensure_group(kit, "eagle")
-    assert (build.group_dir(kit, "eagle") / build.CARD).stat().st_mtime_ns == before
-    # a change of a group's settings builds that group anew, not the ones it reads nor the other heads
+    before = (head_dir(kit, "eagle") / "part.json").stat().st_mtime_ns
+    build.ensure_trained(kit, "eagle")
+    assert (head_dir(kit, "eagle") / "part.json").stat().st_mtime_ns == before
+    # a change of a head's settings trains that head anew, not the groups it reads nor the other heads
     changed = OmegaConf.merge(kit, {"build": {"heads": {"eagle": {"steps": 4}}}})
-    assert build.group_dir(changed, "eagle") != build.group_dir(kit, "eagle")
-    assert all(build.group_dir(changed, g) == build.group_dir(kit, g) for g in ("drafts", "medusa", "specdec"))
-    # a draft's change rebuilds SpecDec's drafter (fine-tuned from it), not the heads that never read it
+    assert head_dir(changed, "eagle") != head_dir(kit, "eagle")
+    assert build.group_dir(changed, "drafts") == build.group_dir(kit, "drafts")
+    assert all(head_dir(changed, g) == head_dir(kit, g) for g in ("medusa", "specdec"))
+    # a draft's change retrains SpecDec's drafter (fine-tuned from it), not the heads that never read it
     redrafted = OmegaConf.merge(kit, {"build": {"drafts": {"draft": {"lr": 2e-3}}}})
-    assert build.group_dir(redrafted, "specdec") != build.group_dir(kit, "specdec")
-    assert build.group_dir(redrafted, "eagle") == build.group_dir(kit, "eagle")
+    assert head_dir(redrafted, "specdec") != head_dir(kit, "specdec")
+    assert head_dir(redrafted, "eagle") == head_dir(kit, "eagle")
+    # which states the shared pass keeps is part of every head's key
+    restated = OmegaConf.merge(kit, {"build": {"states": {"exit_layer": 1}}})
+    assert head_dir(restated, "medusa") != head_dir(kit, "medusa")
 
 
 @pytest.mark.parametrize("name", ["eagle", "eagle3", "medusa", "hydra", "ppd", "specdec", "sps", "sps_plain",
@@ -93,17 +110,19 @@ def test_a_recipe_head_trains_the_epochs_a_kit_asks_for_over_every_drafting_posi
 
     rows = build.read_corpus(build.ensure_group(kit, "corpus"))
     positions = sum(len(r["answer_ids"]) for r in rows if not r["heldout"])
-    by_epochs = OmegaConf.merge(kit, {"build": {"heads": {"hydra": {"epochs": 1.5, "batch_positions": 16}}}})
-    cls, settings, epochs = build.kit_recipe(by_epochs, "hydra")
-    assert epochs == 1.5
-    folder = build.trained_dir(by_epochs, cls, settings, epochs, "hydra")
-    assert folder != build.trained_dir(kit, *build.kit_recipe(kit, "hydra"), "hydra")  # its own key
-    card = json.loads((build.ensure_trained(by_epochs, "hydra") / "part.json").read_text())
-    assert card["epochs"] == 1.5 and card["settings"]["steps"] == math.ceil(1.5 * positions / 16)
-    twice = OmegaConf.merge(by_epochs, {"build": {"heads": {"hydra": {"epochs": 3}}}})
-    assert build.trained_dir(twice, *build.kit_recipe(twice, "hydra"), "hydra") != folder
-    with pytest.raises(SpecbenchError, match="build.heads.hydra.epochs is 0: give a positive number"):
+    by_epochs = OmegaConf.merge(kit, {"build": {"heads": {"medusa": {"epochs": 1.5, "batch_positions": 16}}}})
+    _, settings = build.kit_recipe(by_epochs, "medusa")
+    assert settings.epochs == 1.5
+    folder = head_dir(by_epochs, "medusa")
+    assert folder != head_dir(kit, "medusa")  # its own key
+    card = head_card(by_epochs, "medusa")
+    assert card["settings"]["epochs"] == 1.5 and card["steps"] == math.ceil(1.5 * positions / 16)
+    twice = OmegaConf.merge(by_epochs, {"build": {"heads": {"medusa": {"epochs": 3}}}})
+    assert head_dir(twice, "medusa") != folder
+    with pytest.raises(SpecbenchError, match="build.heads.hydra: .*'epochs' must be a positive number"):
         build.kit_recipe(OmegaConf.merge(kit, {"build": {"heads": {"hydra": {"epochs": 0}}}}), "hydra")
+    with pytest.raises(SpecbenchError, match="build.heads names rest, which train no head"):
+        build.kit_recipe(OmegaConf.merge(kit, {"build": {"heads": {"rest": {"steps": 1}}}}), "hydra")
 
 
 def test_an_unknown_part_is_named_with_the_known_ones(kit):
@@ -117,8 +136,10 @@ def test_shipped_parts_are_restored_for_their_target_and_never_trained(kit, tiny
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from specbench.heads import recipe
+
     target = tiny_models["llama"]
-    built = [build.ensure_group(kit, g) for g in ("drafts", *build.HEAD_GROUPS)]
+    built = [build.ensure_group(kit, "drafts"), *(build.ensure_trained(kit, name) for name in HEADS)]
     draft_before = load_file(str(built[0] / "draft" / "model.safetensors"))
     target_tensors = load_file(str(target / "model.safetensors"))
     # the frozen embedding and head were not trained: equal to the target's
@@ -134,9 +155,10 @@ def test_shipped_parts_are_restored_for_their_target_and_never_trained(kit, tiny
     # a machine with an empty cache restores both groups from them and trains nothing
     monkeypatch.setenv("SPECBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(shipped.WEIGHTS_VAR, str(out))
-    for group in ("corpus", "drafts", *build.HEAD_GROUPS):
+    for group in ("corpus", "drafts"):
         monkeypatch.setitem(build.BUILDERS, group, lambda *a: pytest.fail("built although shipped"))
-    restored = build.ensure_group(kit, "eagle")
+    monkeypatch.setattr(recipe, "train_part", lambda *a: pytest.fail("trained although shipped"))
+    restored = build.ensure_trained(kit, "eagle")
     assert restored != built[1] and read_origin(restored)["source"] == "shipped"
     draft = build.ensure_group(kit, "drafts")
     assert read_origin(draft)["fingerprint"] == manifest["kits"]["testkit"]["fingerprint"]
@@ -156,13 +178,15 @@ def test_ship_keeps_the_parts_another_machine_shipped_and_names_the_unbuilt(kit,
     from specbench.kit import cli, source
 
     monkeypatch.setattr(source, "ensure_target", lambda kit, source=None: tiny_models["llama"])
-    built = {g: build.ensure_group(kit, g) for g in ("drafts", *build.HEAD_GROUPS)}
+    built = {"drafts": build.ensure_group(kit, "drafts"),
+             **{name: build.ensure_trained(kit, name) for name in HEADS if name != "hydra"}}
     out = tmp_path / "weights"
     opts = argparse.Namespace(storage=[], measured=None, out=str(out))
-    # the first machine: every group built, Hydra's head not (new settings: it would train on first use)
+    # the first machine: every part built, Hydra's head not (new settings: it would train on first use)
     kit = OmegaConf.merge(kit, {"build": {"heads": {"hydra": {"steps": 4}}}})
-    assert all(build.group_dir(kit, g) == folder for g, folder in built.items())
-    hydra = build.trained_dir(kit, *build.kit_recipe(kit, "hydra"), "hydra")
+    assert build.group_dir(kit, "drafts") == built["drafts"]
+    assert all(head_dir(kit, name) == folder for name, folder in built.items() if name != "drafts")
+    hydra = head_dir(kit, "hydra")
     assert not (hydra / "part.json").is_file()
     assert cli.ship_main(kit, opts) == 0
     said = capsys.readouterr().out
@@ -174,8 +198,12 @@ def test_ship_keeps_the_parts_another_machine_shipped_and_names_the_unbuilt(kit,
     monkeypatch.setenv(shipped.WEIGHTS_VAR, str(out))
     for group in build.BUILDERS:
         monkeypatch.setitem(build.BUILDERS, group, lambda *a: pytest.fail("built although shipped"))
+    from specbench.heads import recipe
+
+    monkeypatch.setattr(recipe, "train_part", lambda *a: pytest.fail("trained although shipped"))
     assert cli.ship_main(kit, opts) == 0
     again = shipped.read_manifest(out)
     # the same bytes: shipping twice makes no new files for git (the header's metadata in a fixed order)
     assert again["folders"].keys() == first["folders"].keys() and again["files"] == first["files"]
-    assert all((build.group_dir(kit, g) / build.CARD).is_file() for g in built)  # restored into the new cache
+    assert (build.group_dir(kit, "drafts") / build.CARD).is_file()  # restored into the new cache
+    assert all((head_dir(kit, name) / "part.json").is_file() for name in built if name != "drafts")

@@ -110,6 +110,6 @@ def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_pat
     assert json.loads((out / "config.json").read_text())["exit_layer"] == 1
     method = build_method(method_cfg("ppd", head=str(out)), targets["llama"], EMPTY)
     assert_matches_baseline(method, targets["llama"], lengths=(12,))
-    bad = cli("train-head", "method=eagle", "model=local", f"model.path={tiny_models['llama']}", "exit_layer=1",
-              cwd=tmp_path)
-    assert_one_line_error(bad, "exit_layer applies to method=ppd only")
+    bad = cli("train-head", "method=eagle", "model=local", f"model.path={tiny_models['llama']}",
+              "method.train.exit_layer=1", cwd=tmp_path)
+    assert_one_line_error(bad, r"Could not override 'method\.train\.exit_layer'.*method\.train\.KEY")

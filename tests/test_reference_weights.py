@@ -19,7 +19,7 @@ import pytest
 from helpers import specbench
 from specbench.run.registry import BUILTIN, discover
 from specbench.zoo import ensure_zoo, release, shipped
-from specbench.zoo.parts import heads_dir, trained_part_dir
+from specbench.zoo.parts import trained_part_dir
 
 REFERENCE = Path(__file__).parent / "data" / "reference_answers.json"
 #: the target, the distilled draft, the EAGLE heads, Medusa's and Hydra's: every kind of shipped part
@@ -38,8 +38,8 @@ def manifest() -> dict:
 def test_the_shipped_folders_are_the_ones_this_code_builds(manifest: dict) -> None:
     zoo = ensure_zoo()  # restored from the shipped weights (seconds), never trained: see the origin below
     registry = discover()
-    wanted = [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name, registry) for name in registry.trained()
-                                      if registry.specs[name].source == BUILTIN]
+    wanted = [zoo] + [trained_part_dir(zoo, name, registry) for name in registry.trained()
+                      if registry.specs[name].source == BUILTIN]
     missing = [folder.name for folder in wanted if folder.name not in manifest["folders"]]
     assert not missing, (f"the shipped weights lack {missing}: a recipe or setting changed; ship a new release "
                          "(docs/setup.md, 'The reference weights') or revert the change")

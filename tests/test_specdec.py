@@ -147,7 +147,7 @@ def test_train_head_command_writes_a_loadable_drafter(targets, tiny_models, tmp_
     corpus.write_text("\n\n".join(" ".join(["the quick brown fox jumps over the lazy dog"] * 6) for _ in range(20)))
     done = cli("train-head", "method=specdec", "model=local", f"model.path={tiny_models['llama']}",
                f"draft={tiny_models['qwen2']}", f"corpus={corpus}", f"out={out}", "tokens=2000", "steps=5",
-               "block=3", cwd=tmp_path)
+               "method.train.block=3", cwd=tmp_path)
     assert done.code == 0, done
     assert json.loads((out / "specdec.json").read_text())["block"] == 3
     method = build_method(method_cfg("specdec", head=str(out)), targets["llama"], EMPTY)
@@ -156,4 +156,4 @@ def test_train_head_command_writes_a_loadable_drafter(targets, tiny_models, tmp_
     assert_one_line_error(bad, "starts from a small draft model; give draft=")
     bad = cli("train-head", "method=eagle", "model=local", f"model.path={tiny_models['llama']}", "block=3",
               cwd=tmp_path)
-    assert_one_line_error(bad, "block apply to method=specdec only")
+    assert_one_line_error(bad, r"block= is a setting of the method's recipe now: give method\.train\.block=VALUE")

@@ -38,12 +38,10 @@ Set SPECBENCH_VERBOSE=1 for full tracebacks."""
 
 def usage() -> str:
     """The help text, its lists from what is installed: the kits' YAMLs and the methods that train a head."""
-    from specbench.cli.train_head import LOOPS
     from specbench.kit import kit_names
     from specbench.run.registry import discover
 
-    heads = [*LOOPS, *(m for m in discover().trained() if m not in LOOPS)]
-    return USAGE.format(kits=", ".join(kit_names()) or "none", heads="|".join(heads))
+    return USAGE.format(kits=", ".join(kit_names()) or "none", heads="|".join(discover().trained()))
 
 
 def _fail(exc: BaseException) -> int:
@@ -52,11 +50,12 @@ def _fail(exc: BaseException) -> int:
 
 
 def _run(args: list[str]) -> int:
-    from specbench.run.config import check_compose, check_overrides
+    from specbench.run.config import check_compose, check_overrides, prepare
 
-    check_overrides(args)
+    registry = prepare(args)  # methods and kit models registered once, for the checks and the run
+    check_overrides(args, registry)
     if not {"-m", "--multirun"} & set(args):
-        check_compose(args)
+        check_compose(args, registry)
     stop_if_parse_only(args)
     import hydra
     from omegaconf import DictConfig

@@ -6,6 +6,8 @@ place under the folder's lock, so a reader never sees half a build and two build
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import sys
@@ -13,6 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from filelock import FileLock, Timeout
 
@@ -91,3 +94,12 @@ def replace_folder(final: Path, card: str, build: Callable[[Path], None]) -> Pat
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def safetensors_header(data: bytes | BinaryIO) -> tuple[int, dict]:
+    """(header length, header) of a safetensors file: its bytes, or the file open at its start (left just
+    after the header, where the tensors' data begins). The layout: 8 bytes little-endian length, then
+    the JSON header (each tensor's dtype, shape and data offsets, and `__metadata__`)."""
+    read = data.read if hasattr(data, "read") else io.BytesIO(data).read
+    size = int.from_bytes(read(8), "little")
+    return size, json.loads(read(size))

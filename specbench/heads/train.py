@@ -1,4 +1,5 @@
-"""Training EAGLE, Medusa and Hydra heads with the target frozen.
+"""The training loops of the heads, the target frozen (each method's recipe calls its loop:
+specbench.heads.recipe).
 
 The target runs once over the token rows (no grad) and its features (last hidden state after
 the final norm, what its LM head reads) are kept in memory; the heads then train on them:
@@ -39,25 +40,15 @@ from specbench.core import resume as progress
 from specbench.core.errors import SpecbenchError
 from specbench.core.resume import TrainingState
 from specbench.heads.eagle import EagleHead, head_config_for
-from specbench.heads.eagle3 import Eagle3Head, feature_layers
+from specbench.heads.eagle3 import Eagle3Head
 from specbench.heads.exit import ExitHead
 from specbench.heads.hydra import HydraHeads
 from specbench.heads.medusa import MedusaHeads
 from specbench.heads.specdec import MaskQueries, training_layout
 
-#: Corpus tokens the frozen target is run over by default, and the heads' training settings:
-#: sized so that both heads train in a few minutes on a 2-core CPU for the zoo's target.
+#: Corpus tokens the frozen target is run over by default (each head's settings are its method's
+#: `train:` section: specbench.heads.recipe).
 DEFAULT_TOKENS = 120_000
-MEDUSA_DEFAULTS: dict[str, Any] = {"num_heads": 4, "num_layers": 1, "steps": 150, "batch_positions": 1024,
-                                   "lr": 3e-3, "train_projections": False}
-EAGLE3_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 192, "lr": 2e-3, "ttt_steps": 3,
-                                   "step_decay": 0.8, "draft_vocab": None}
-PPD_DEFAULTS: dict[str, Any] = {"steps": 150, "batch_positions": 1024, "lr": 3e-3}
-SPECDEC_DEFAULTS: dict[str, Any] = {"block": 4, "steps": 500, "batch_rows": 8, "window": 128, "cuts": 24, "lr": 1e-3}
-EAGLE_DEFAULTS: dict[str, Any] = {"steps": 200, "batch_rows": 8, "window": 256, "lr": 2e-3, "ce_weight": 0.1,
-                                  "ce_fraction": 0.25, "noise": 0.1}
-
-
 @dataclass
 class Features:
     """Token rows and the frozen target's features on them."""
@@ -241,12 +232,14 @@ def train_medusa(data: Features, lm_head: nn.Module, *, num_heads: int = 4, num_
 def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_heads: int = 4, num_layers: int = 1,
                 steps: int = 300, batch_positions: int = 1024, lr: float = 1e-3, weight_decay: float = 0.0,
                 decay: float = 0.8, train_projections: bool = False, distill: bool = True, seed: int = 0,
+                compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
                 desc: str = "hydra head") -> tuple[HydraHeads, HeadStats]:
     """Hydra heads on the frozen features, teacher-forced: at position t head k reads h_t and the
     embeddings of tokens t+1 .. t+k+1 and learns token t+k+2 (weighted `decay ** k`): with
     `distill`, the cross-entropy to the target's own next-token distribution there (Hydra++'s
     teacher distillation), else to the corpus token. Projections start as the LM head and are
-    trained only with `train_projections`."""
+    trained only with `train_projections`. `compute_dtype`: `_compute`; `ckpt`: progress saved there and
+    resumed from (specbench.core.resume)."""
     torch.manual_seed(seed)
     vocab, hidden = lm_head.weight.shape
     heads = HydraHeads(num_heads, num_layers, int(hidden), int(vocab))
@@ -268,18 +261,18 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
     opt = _optimizer(params, lr, weight_decay)
     weights = [decay**k for k in range(num_heads)]
     ahead = torch.arange(1, num_heads + 2)  # t+1 .. t+K+1
-    start, ema = time.perf_counter(), None
-    hits = torch.zeros(num_heads)
-    seen = 0
+    start = time.perf_counter()
+    first, saved = progress.resume(ckpt, heads, opt, gen)
+    ema, hits, seen = saved.get("ema"), saved.get("hits", torch.zeros(num_heads)), saved.get("seen", 0)
     heads.train()
-    bar = tqdm(range(steps), desc=desc, file=sys.stderr, mininterval=2.0)
+    bar = _steps_bar(first, steps, desc)
     with frozen(embed, lm_head):
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
             pick = where[torch.randint(len(where), (batch_positions,), generator=gen)]
             r, t = pick[:, 0], pick[:, 1]
-            with torch.no_grad():
+            with torch.no_grad(), _compute(compute_dtype):
                 emb = embed(data.input_ids[r[:, None], t[:, None] + ahead]).float()  # (B, K+1, d)
                 # The target's distribution of token t+k+2 is its LM head at position t+k+1.
                 teacher = lm_head(data.features[r[:, None], t[:, None] + ahead[:-1]]).float()  # (B, K, V)
@@ -289,7 +282,9 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
             loss = torch.zeros(())
             for k in range(num_heads):
                 x = torch.cat([x, emb[:, k]], dim=-1)
-                logp = torch.log_softmax(heads.head(k, x).float(), dim=-1)
+                with _compute(compute_dtype):
+                    out = heads.head(k, x)
+                logp = torch.log_softmax(out.float(), dim=-1)
                 if distill:
                     loss_k = -(teacher_p[:, k] * logp).sum(-1).mean()
                 else:
@@ -301,6 +296,7 @@ def train_hydra(data: Features, embed: nn.Module, lm_head: nn.Module, *, num_hea
                 seen += batch_positions
             _update(opt, loss, params)
             ema = _smoothed(ema, loss, bar)
+            progress.keep(ckpt, step + 1, steps, heads, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     bar.close()
     _freeze(heads)
     return heads, HeadStats(steps, time.perf_counter() - start, float(ema or 0.0), (hits / max(seen, 1)).tolist())
@@ -631,73 +627,3 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
         ema = _smoothed(ema, loss, bar)
         progress.keep(ckpt, step + 1, steps, head, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
     return float(ema or 0.0), [hits / max(seen, 1.0)]
-
-
-def zoo_stage(ctx: Any) -> None:
-    """The zoo build's `heads` stage: EAGLE, EAGLE-3 and Medusa heads, PPD's exit head and SpecDec's
-    drafter (fine-tuned from the zoo's draft, `ctx.state["draft"]`). Hydra trains through its own
-    recipe (specbench.heads.recipe), as every method that declares one.
-
-    Reads `ctx.cfg.heads` (tokens and each head's settings), the packed training rows of the
-    tokenizer stage and the trained target; writes one folder per head next to the models
-    (`zoo:eagle`, `zoo:medusa`, `zoo:ppd`, `zoo:eagle3`, `zoo:specdec`) and their stats into the
-    quality card. Each head is seeded on its own, so adding one leaves the others' weights as they were.
-    """
-    from omegaconf import OmegaConf
-
-    from specbench.heads.eagle import save_eagle
-    from specbench.heads.eagle3 import save_eagle3
-    from specbench.heads.exit import save_exit_head
-    from specbench.heads.medusa import save_medusa
-    from specbench.heads.specdec import save_specdec
-
-    cfg = ctx.cfg.heads
-    target = ctx.model("target")
-    # what the heads' configs name as their base model, and the label of the progress bars (a kit's
-    # build sets `<kit>:target` and the kit's name)
-    base, label = str(ctx.state.get("target_spec", "zoo:target")), str(ctx.state.get("label", "zoo"))
-    rows = ctx.state["train_rows"]
-    n_rows = max(1, math.ceil(int(cfg.tokens) / rows.input_ids.shape[1]))
-    start = time.perf_counter()
-    n_layers = int(target.config.num_hidden_layers)
-    eagle3_cfg = OmegaConf.to_container(cfg.eagle3, resolve=True)
-    layers = feature_layers(n_layers, eagle3_cfg.get("layers"))
-    data = collect_features(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100,
-                            desc=f"{label} head features", layers=layers)
-    seconds = {"features": round(time.perf_counter() - start, 1)}
-    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
-    medusa, medusa_stats = train_medusa(data, lm_head, **OmegaConf.to_container(cfg.medusa, resolve=True),
-                                        seed=ctx.seed(5), desc=f"{label} medusa head")
-    save_medusa(medusa, ctx.out / "medusa", base)
-    eagle, eagle_stats = train_eagle(data, embed, lm_head, target.config,
-                                     **OmegaConf.to_container(cfg.eagle, resolve=True), seed=ctx.seed(6),
-                                     desc=f"{label} eagle head")
-    save_eagle(eagle, ctx.out / "eagle", base)
-    ppd_cfg = OmegaConf.to_container(cfg.ppd, resolve=True)
-    exit_layer = int(ppd_cfg.pop("exit_layer", None) or n_layers // 2)
-    start = time.perf_counter()
-    states = collect_exit_states(target, rows.input_ids[:n_rows], rows.labels[:n_rows] != -100, exit_layer,
-                                 desc=f"{label} early-exit states")
-    seconds["exit_states"] = round(time.perf_counter() - start, 1)
-    ppd, ppd_stats = train_exit_head(data, states, lm_head, exit_layer=exit_layer, num_layers=n_layers, **ppd_cfg,
-                                     seed=ctx.seed(8), desc=f"{label} ppd exit head")
-    del states
-    save_exit_head(ppd, ctx.out / "ppd", int(lm_head.weight.shape[0]), base)
-    eagle3, eagle3_stats = train_eagle3(data, embed, lm_head, target.config, **eagle3_cfg, seed=ctx.seed(9),
-                                        desc=f"{label} eagle3 head")
-    save_eagle3(eagle3, ctx.out / "eagle3", base)
-    specdec, queries, specdec_stats = train_specdec(data, ctx.state["draft"], lm_head,
-                                                    **OmegaConf.to_container(cfg.specdec, resolve=True),
-                                                    seed=ctx.seed(10), desc=f"{label} specdec drafter")
-    save_specdec(specdec, queries, ctx.state.get("tokenizer"), ctx.out / "specdec", int(lm_head.weight.shape[0]),
-                 base)
-    ctx.card["heads"] = {
-        "tokens": data.n_tokens, "seconds": seconds,
-        "medusa": {"params": sum(p.numel() for p in medusa.parameters()), **medusa_stats.as_dict()},
-        "eagle": {"params": sum(p.numel() for p in eagle.parameters()), **eagle_stats.as_dict()},
-        "ppd": {"params": sum(p.numel() for p in ppd.parameters()), "exit_layer": exit_layer, **ppd_stats.as_dict()},
-        "eagle3": {"params": sum(p.numel() for p in eagle3.parameters()), "draft_vocab": eagle3.draft_vocab_size,
-                   **eagle3_stats.as_dict()},
-        "specdec": {"params": sum(p.numel() for p in specdec.parameters()) + queries.embeddings.numel(),
-                    "block": queries.block, **specdec_stats.as_dict()},
-    }

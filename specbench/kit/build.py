@@ -9,11 +9,11 @@ never benchmark questions, answered greedily and sampled, in shards). The other 
 - `drafts`: `draft` (a small Llama distilled from the target's next-token distribution) and
   `draft_plain` (the same shape on hard labels only), SpS / SpecInfer / Online Speculative
   Decoding's drafters;
-- `eagle`, `eagle3`, `medusa`, `ppd`, `specdec` (together: `heads`): EAGLE, EAGLE-3, Medusa and PPD
-  heads and SpecDec's drafter (specbench.kit.heads, the target frozen), each a group of its own, so
-  that one head's training (hours on a CPU) is built, cached and shipped apart from the others;
-- the head of every method that trains its own (Hydra, a methods/ folder's; specbench.heads.recipe),
-  one folder each, `<method>-<key of its settings, recipe and corpus>`.
+- the head of every method that trains one (together: `heads`; Medusa, EAGLE, EAGLE-3, Hydra, PPD,
+  SpecDec and a methods/ folder's): its method's recipe (specbench.heads.recipe) on the corpus's states
+  with the target frozen (specbench.kit.heads), the kit's `build.heads.<method>` over the method's
+  `train:` settings, one folder each, `<method>-<key of its settings, recipe and corpus>`, so that one
+  head's training (hours on a CPU) is built, cached and shipped apart from the others.
 
 A group lives in `<cache>/<kit>/<target id>/<group>-<hash of its settings>/`, built in a temporary
 sibling, its card (`card.json`, with the build time) written last, renamed into place under a
@@ -22,7 +22,6 @@ file lock: a killed build leaves nothing that looks finished, two processes buil
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import sys
@@ -43,19 +42,10 @@ CARD = "card.json"
 PROGRESS_EVERY_S = 600.0
 #: Bump when a change here changes what a build produces.
 KIT_CODE_VERSION = "kit-2"
-#: the heads a kit trains, each a group of its own (specbench.kit.heads.train_head)
-HEAD_GROUPS = ("eagle", "eagle3", "medusa", "ppd", "specdec")
-#: part name -> the group that builds it
-PARTS = {"corpus": "corpus", "datastore": "datastore", "draft": "drafts", "draft_plain": "drafts",
-         **{head: head for head in HEAD_GROUPS}}
+#: part name -> the group that builds it (the heads are their methods': `trained_methods`)
+PARTS = {"corpus": "corpus", "datastore": "datastore", "draft": "drafts", "draft_plain": "drafts"}
 #: groups a group reads (their settings enter its hash)
-NEEDS = {"corpus": (), "datastore": ("corpus",), "drafts": ("corpus",),
-         **{head: ("corpus", "drafts") if head == "specdec" else ("corpus",) for head in HEAD_GROUPS}}
-
-
-def expand_groups(names: list[str]) -> list[str]:
-    """Group names with `heads` standing for every head group (the build's and the cli's word for them)."""
-    return [g for name in names for g in (HEAD_GROUPS if name == "heads" else (name,))]
+NEEDS = {"corpus": (), "datastore": ("corpus",), "drafts": ("corpus",)}
 
 
 def target_id(kit: DictConfig) -> str:
@@ -70,11 +60,7 @@ def group_settings(kit: DictConfig, group: str) -> dict:
     """The settings a group's build depends on: its own section (a head's: `build.heads.<head>`) and
     those of the groups it reads."""
     build = OmegaConf.to_container(kit.build, resolve=True)
-
-    def section(g: str) -> Any:
-        return (build.get("heads") or {}).get(g) if g in HEAD_GROUPS else build.get(g)
-
-    out = {g: section(g) for g in (group, *NEEDS[group])}
+    out = {g: build.get(g) for g in (group, *NEEDS[group])}
     out.update({"code": KIT_CODE_VERSION, "seed": build.get("seed"), "heldout_fraction": build.get("heldout_fraction")})
     return out
 
@@ -85,8 +71,8 @@ def group_dir(kit: DictConfig, group: str) -> Path:
 
 
 def resolve_part(kit: DictConfig, part: str) -> Path:
-    """The file or folder of part `part` of `kit`, its group (or, for a method that trains its own head,
-    that head) built first if needed."""
+    """The file or folder of part `part` of `kit`, its group (or, for a method that trains a head, that
+    head) built first if needed."""
     if part in PARTS:
         folder = ensure_group(kit, PARTS[part])
         return folder / (CORPUS_FILE if part == "corpus" else part)
@@ -108,7 +94,7 @@ def is_built(kit: DictConfig, part: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# the heads of methods that train their own (specbench.heads.recipe): one folder each
+# the heads of the methods that train one (specbench.heads.recipe): one folder each
 
 
 def trained_methods() -> list[str]:
@@ -117,48 +103,47 @@ def trained_methods() -> list[str]:
     return discover().trained()
 
 
-def kit_recipe(kit: DictConfig, method: str) -> tuple[type, Any, float | None]:
+def kit_recipe(kit: DictConfig, method: str) -> tuple[type, Any]:
     """The method's class and training settings for this kit: its YAML's `train:`, then the kit's
-    `build.heads.tokens` and `build.heads.<method>` over it (settings sized for the kit's target), and
-    the section's `epochs` (None without it): passes over every training row's drafting positions,
-    turned into the recipe's `steps` by its `batch_positions` once the corpus is known (`ensure_trained`)."""
+    `build.heads.<method>` over it (settings sized for the kit's target: `epochs` over every training
+    row's drafting positions rather than `steps`, `dtype`, ...)."""
     from specbench.run.registry import discover
 
-    heads = OmegaConf.to_container(kit.build.get("heads") or OmegaConf.create({}), resolve=True)
-    section = dict(heads.get(method) or {})
-    epochs = section.pop("epochs", None)
-    changes = {**({"tokens": heads["tokens"]} if "tokens" in heads else {}), **section}
-    cls, settings = discover().recipe(method, changes)
-    if epochs is not None:
-        if not hasattr(settings, "batch_positions"):
-            raise SpecbenchError(f"{kit.name}'s build.heads.{method}.epochs needs a recipe that trains on "
-                                 f"batch_positions positions a step, and {cls.__name__}'s has none: set "
-                                 f"build.heads.{method}.steps instead")
-        if not float(epochs) > 0:
-            raise SpecbenchError(f"{kit.name}'s build.heads.{method}.epochs is {epochs}: give a positive number "
-                                 "of passes over the corpus")
-        epochs = float(epochs)
-    return cls, settings, epochs
+    return discover().builder_recipe(method, kit.build.get("heads"), f"{kit.name}'s build.heads")
 
 
-def trained_dir(kit: DictConfig, cls: type, settings: Any, epochs: float | None, method: str) -> Path:
+def trained_dir(kit: DictConfig, cls: type, settings: Any, method: str) -> Path:
     """`<kit dir>/<target>/<method>-<key>`: the key covers the method's settings and recipe (`kit_recipe`),
-    the epochs asked for, and the corpus it trains on (its group's settings)."""
+    the corpus it trains on (its group's settings), the states kept of it, and the draft for a recipe
+    that starts from it."""
     from specbench.heads.recipe import part_key
 
-    about = {"corpus": group_settings(kit, "corpus"), "target": target_id(kit),
-             **({"epochs": epochs} if epochs is not None else {})}
+    about = {"corpus": group_settings(kit, "corpus"), "target": target_id(kit), "states": state_settings(kit),
+             **({"drafts": group_settings(kit, "drafts")} if cls.Training.starts_from_draft else {})}
     return kit_dir(kit) / target_id(kit) / f"{method}-{part_key(cls, settings, json.dumps(about, sort_keys=True))}"
 
 
+def state_settings(kit: DictConfig) -> dict:
+    """The kit's `build.states`: which of the target's states one pass per corpus shard keeps for every
+    head (`fused`: EAGLE-3's hidden_states indices, null = the published (2, L/2, L-3); `exit_layer`:
+    PPD's, null = half the target's blocks)."""
+    states = OmegaConf.to_container(kit.build.get("states") or OmegaConf.create({}), resolve=True)
+    unknown = sorted(set(states) - {"fused", "exit_layer"})
+    if unknown:
+        raise SpecbenchError(f"{kit.name}'s build.states has no setting {', '.join(unknown)}; its settings: fused, "
+                             "exit_layer")
+    return {"fused": states.get("fused"), "exit_layer": states.get("exit_layer")}
+
+
 def ensure_trained(kit: DictConfig, method: str) -> Path:
-    """The head of `method` for the kit's target, trained on the kit's corpus the first time."""
+    """The head of `method` for the kit's target, trained by its recipe on the kit's corpus the first time
+    (every training row, losses on answer tokens, agreement measured on the held-out rows; progress saved
+    every PROGRESS_EVERY_S beside the folder, so a stopped build resumes there)."""
+    from specbench.core.resume import TrainingState
     from specbench.heads.recipe import PART_CARD, train_part
 
-    CorpusHeadData = _corpus_head_data()  # noqa: N806 - a class
-
-    cls, settings, epochs = kit_recipe(kit, method)
-    final = trained_dir(kit, cls, settings, epochs, method)
+    cls, settings = kit_recipe(kit, method)
+    final = trained_dir(kit, cls, settings, method)
 
     def build(tmp: Path) -> None:
         corpus = ensure_group(kit, "corpus")
@@ -166,26 +151,35 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
         try:
             torch.set_num_threads(int(kit.build.threads))
             target = _load_target(kit, torch.float32)
-            states = corpus_states(kit, split_rows(kit, read_corpus(corpus))[0], target)
-            fitted = settings
-            if epochs is not None:  # passes over every drafting position of the training rows
-                from specbench.kit.heads import steps_for
-
-                steps = steps_for({"epochs": epochs}, states.drafting_positions, int(settings.batch_positions))
-                fitted = dataclasses.replace(settings, **steps)
-            data = CorpusHeadData(target=target.model, tokenizer=target.tokenizer, input_ids=torch.zeros(0, 0),
-                                  valid=torch.zeros(0, 0, dtype=torch.bool), base=f"{kit.name}:target",
-                                  label=kit.name, seed=int(kit.build.seed), draft=lambda: _load_draft(kit),
-                                  states=states)
-            card = train_part(cls, fitted, data, tmp, method)
-            if epochs is not None:
-                card["epochs"] = epochs
-                (tmp / PART_CARD).write_text(json.dumps(card, indent=2) + "\n")
+            rows, held = split_rows(kit, read_corpus(corpus))
+            ckpt = TrainingState(final.with_name(f"{final.name}.progress.pt"), every_s=PROGRESS_EVERY_S)
+            data = head_data(kit, rows, held, target, ckpt)
+            start = time.perf_counter()
+            data.states.ensure()
+            data.held.ensure()
+            states_s = round(time.perf_counter() - start, 1)
+            card = train_part(cls, settings, data, tmp, method)
+            card.update({"train_rows": len(rows), "heldout_rows": len(held),
+                         "drafting_positions": data.states.drafting_positions, "states_seconds": states_s,
+                         "compute_dtype": str(data.compute(settings) or torch.float32).removeprefix("torch.")})
+            (tmp / PART_CARD).write_text(json.dumps(card, indent=2) + "\n")
+            ckpt.finish()
         finally:
             torch.set_num_threads(threads)
 
     return _cached(kit, final, PART_CARD, build,
                    f"specbench: training {kit.name}'s {method} head into {final} (once, then cached)")
+
+
+def head_data(kit: DictConfig, rows: list[dict], held: list[dict], target: Any, ckpt: Any = None) -> Any:
+    """A head recipe's data on the kit's corpus rows `rows` (specbench.kit.heads.CorpusHeadData), its
+    agreement measured on `held`; `target` the kit's loaded target; `ckpt` a TrainingState or None."""
+    from specbench.kit.heads import CorpusHeadData
+
+    return CorpusHeadData(target=target.model, tokenizer=target.tokenizer, input_ids=torch.zeros(0, 0),
+                          valid=torch.zeros(0, 0, dtype=torch.bool), base=f"{kit.name}:target", label=str(kit.name),
+                          seed=int(kit.build.seed), draft=lambda: _load_draft(kit), ckpt=ckpt,
+                          states=corpus_states(kit, rows, target), held=corpus_states(kit, held, target))
 
 
 def shipped_key(final: Path) -> str:
@@ -233,24 +227,6 @@ def restored(kit: DictConfig, final: Path, card: str) -> bool:
     return True
 
 
-def _corpus_head_data() -> type:
-    from dataclasses import dataclass
-
-    from specbench.heads.recipe import HeadData
-
-    @dataclass
-    class CorpusHeadData(HeadData):
-        """A recipe's data on a kit's corpus: every training row's states (specbench.kit.heads),
-        whatever `tokens` the recipe asks for; losses on answer tokens."""
-
-        states: Any = None
-
-        def features(self, tokens: int, layers: tuple[int, ...] | None = None) -> Any:
-            return self.states.features(fused=bool(layers))
-
-    return CorpusHeadData
-
-
 def _load_draft(kit: DictConfig) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
@@ -294,7 +270,7 @@ def _load_target(kit: DictConfig, dtype: torch.dtype) -> Any:
 
 
 def build_dtype(name: str) -> torch.dtype:
-    from specbench.zoo.train import autocast_dtype
+    from specbench.core.hardware import autocast_dtype
 
     return autocast_dtype(name) or torch.float32
 
@@ -495,7 +471,9 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     train_rows, held_rows = Rows.of(rows, soft_targets(kit, rows)), Rows.of(held, soft_targets(kit, held))
-    compute = zoo_train.autocast_dtype(str(cfg.dtype))
+    from specbench.core.hardware import autocast_dtype
+
+    compute = autocast_dtype(str(cfg.dtype))
     card: dict[str, Any] = {"train_rows": len(rows), "heldout_rows": len(held),
                             "train_answer_tokens": train_rows.answer_tokens,
                             "heldout_answer_tokens": held_rows.answer_tokens}
@@ -533,20 +511,19 @@ def progress_state(kit: DictConfig, group: str, name: str) -> Any:
 
 
 def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:
-    """The target's states over `rows` of the kit's corpus for its heads (specbench.kit.heads):
-    the final-norm state, EAGLE-3's fused layers and PPD's exit state, per shard, computed once per
-    machine (in the corpus's dtype) beside the shards in the cache."""
+    """The target's states over `rows` of the kit's corpus for its heads (specbench.kit.heads): the
+    final-norm state, the fused layers and the exit state of `build.states` (`state_settings`), per shard,
+    computed once per machine (in the corpus's dtype) beside the shards in the cache."""
     from specbench.heads.eagle3 import feature_layers
     from specbench.kit.corpus import read_rows
     from specbench.kit.features import StateSpec
     from specbench.kit.heads import CorpusStates
 
     settings, place = corpus_place(kit)
-    heads = kit.build.heads
+    kept = state_settings(kit)
     n_layers = int(target.model.config.num_hidden_layers)
-    exit_layer = heads.ppd.get("exit_layer") or n_layers // 2
-    spec = StateSpec(final=True, fused=tuple(feature_layers(n_layers, heads.eagle3.get("layers"))),
-                     exit_layer=int(exit_layer))
+    spec = StateSpec(final=True, fused=tuple(feature_layers(n_layers, kept["fused"])),
+                     exit_layer=int(kept["exit_layer"] or n_layers // 2))
     shard_rows = {shard: read_rows(place.rows_file(shard)) for shard in sorted({int(r["shard"]) for r in rows})}
     loaded: list[Any] = []
 
@@ -560,34 +537,11 @@ def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:
     return CorpusStates(rows, shard_rows, place.cache, spec, loader, pad)
 
 
-def build_head(kit: DictConfig, inputs: dict, out: Path, part: str) -> dict:
-    """The head `part` (EAGLE, EAGLE-3, Medusa, PPD, or SpecDec's drafter from the kit's draft), the
-    target frozen, on every training row of the corpus with losses on answer tokens
-    (specbench.kit.heads: the zoo's training loops over the shards' stored target states)."""
-    from specbench.kit.heads import train_head
-
-    target = _load_target(kit, torch.float32)
-    rows, held = split_rows(kit, read_corpus(inputs["corpus"]))
-    states, held_states = corpus_states(kit, rows, target), corpus_states(kit, held, target)
-    progress = progress_state(kit, part, part)
-    card = train_head(part, OmegaConf.to_container(kit.build.heads, resolve=True), states, held_states,
-                      target.model, target.tokenizer, lambda: _load_draft(kit), f"{kit.name}:target", str(kit.name),
-                      int(kit.build.seed), out, ckpt=progress)
-    progress.finish()
-    return {part: card, "train_rows": len(rows), "heldout_rows": len(held)}
-
-
-def _head_builder(part: str) -> Callable[[DictConfig, dict, Path], dict]:
-    return lambda kit, inputs, out: build_head(kit, inputs, out, part)
-
-
 BUILDERS: dict[str, Callable[[DictConfig, dict, Path], dict]] = {
     "corpus": build_corpus, "datastore": build_datastore, "drafts": build_drafts,
-    **{head: _head_builder(head) for head in HEAD_GROUPS},
 }
 BUILD_NOTES = {
     "corpus": "the target writes its own prompts and answers them, in shards: hours on 2 CPU cores",
     "datastore": "seconds",
     "drafts": "two small Llamas distilled from the corpus",
-    **{head: f"the {head} head trained on the frozen target" for head in HEAD_GROUPS},
 }

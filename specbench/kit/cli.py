@@ -20,9 +20,9 @@ def _parser() -> ArgumentParser:
                        help="where from (default: the kit's `source`; a new choice replaces the recorded one)")
     build = sub.add_parser("build", help="build the kit's parts (or reuse the cached ones) and print their cards")
     build.add_argument("--parts", default="corpus,datastore",
-                       help="comma-separated groups to build: corpus, datastore, drafts, eagle, eagle3, medusa, "
-                            "ppd, specdec, heads (heads: those five and the head of every method that trains its "
-                            "own) (default: %(default)s)")
+                       help="comma-separated parts to build: corpus, datastore, drafts, a method's head (medusa, "
+                            "eagle, eagle3, hydra, ppd, specdec, a methods/ folder's), heads (every head) "
+                            "(default: %(default)s)")
     corpus = sub.add_parser("corpus", help="make the kit's corpus shards (each kept as it finishes: a stopped build "
                                            "resumes at the first missing shard) and print their cards")
     corpus.add_argument("--shards", default=None, metavar="A-B",
@@ -56,7 +56,6 @@ def kit_main(argv: list[str]) -> int:
         corpus_place,
         ensure_group,
         ensure_trained,
-        expand_groups,
         group_dir,
         kit_recipe,
         trained_dir,
@@ -77,14 +76,16 @@ def kit_main(argv: list[str]) -> int:
         return ship_main(kit, opts)
     if opts.action == "build":
         names = [g.strip() for g in opts.parts.split(",") if g.strip()]
-        unknown = [g for g in names if g not in NEEDS and g != "heads"]
+        heads = trained_methods()
+        unknown = [g for g in names if g not in NEEDS and g != "heads" and g not in heads]
         if unknown:
-            raise SpecbenchError(f"unknown part group(s) {', '.join(unknown)}; use {', '.join(NEEDS)} or heads")
-        for group in expand_groups(names):
+            raise SpecbenchError(f"unknown part group(s) {', '.join(unknown)}; use {', '.join(NEEDS)}, heads (every "
+                                 f"head) or a head: {', '.join(heads)}")
+        for group in (g for g in names if g in NEEDS):
             folder = ensure_group(kit, group)
             card = json.loads((folder / CARD).read_text())
             print(f"{kit.name} {group}: {folder} (built in {card['build_seconds']:.0f} s)")
-        for method in trained_methods() if "heads" in names else ():
+        for method in heads if "heads" in names else [g for g in names if g in heads]:
             folder = ensure_trained(kit, method)
             card = json.loads((folder / PART_CARD).read_text())
             print(f"{kit.name} {method} head: {folder} (trained in {card['build_seconds']:.0f} s)")
@@ -109,7 +110,7 @@ def kit_main(argv: list[str]) -> int:
         folder = trained_dir(kit, *kit_recipe(kit, method), method)
         built = (folder / PART_CARD).is_file()
         print(f"  {method} head: {folder if built else 'not built'}" + ("" if built else
-              f" (`python -m specbench kit build {kit.name} --parts heads`, or on first use)"))
+              f" (`python -m specbench kit build {kit.name} --parts {method}`, or on first use)"))
     for found in skip_sets(record["folder"]):
         took = f" in {found['seconds']:.0f} s" if "seconds" in found else ""
         print(f"  self_spec skip set ({found.get('dtype', 'dtype not recorded')}): layers {found['best']} "
@@ -172,7 +173,6 @@ def ship_main(kit, opts) -> int:
     from specbench.heads.recipe import PART_CARD
     from specbench.kit.build import (
         CARD,
-        HEAD_GROUPS,
         group_dir,
         kit_recipe,
         restored,
@@ -184,7 +184,7 @@ def ship_main(kit, opts) -> int:
     from specbench.zoo import shipped
 
     storage = shipped.parse_storage(opts.storage)
-    parts = [(group, group_dir(kit, group), CARD) for group in ("drafts", *HEAD_GROUPS)]
+    parts = [("drafts", group_dir(kit, "drafts"), CARD)]
     parts += [(method, trained_dir(kit, *kit_recipe(kit, method), method), PART_CARD) for method in trained_methods()]
     # a part trained on another machine and shipped before is restored here (nothing trained) and shipped again
     have = [(name, restored(kit, folder, card)) for name, folder, card in parts]

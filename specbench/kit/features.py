@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from specbench.core.files import safetensors_header
+
 #: prompt positions kept before each answer (a head's attention and windows read back that far)
 CONTEXT = 128
 
@@ -127,8 +129,7 @@ def mapped(path: Path) -> dict[str, torch.Tensor]:
     indexed and stay in the page cache (shared, evictable), so states larger than memory still train.
     The mapping is copy-on-write: the file is never written through these tensors."""
     with open(path, "rb") as fh:
-        size = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(size))
+        size, header = safetensors_header(fh)
         buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
     out = {}
     for name, meta in header.items():

@@ -1,24 +1,26 @@
 """A kit's heads trained on its whole corpus: the target's states per shard (specbench.kit.features),
 every training row, losses on answer tokens only, steps from epochs.
 
-The training loops are the zoo's (specbench.heads.train) given the corpus as `Features` whose
-states are `Ragged` views of the shards' stored states and whose `loss` mask marks the positions
-drafting starts from (the last prompt token and the answer's), so every loss is on answer tokens
-and every window starts near an answer.
+Each head is its method's recipe (specbench.heads.recipe) given `CorpusHeadData`: the corpus as
+`Features` whose states are `Ragged` views of the shards' stored states and whose `loss` mask marks
+the positions drafting starts from (the last prompt token and the answer's), so every loss is on answer
+tokens and every window starts near an answer; the card's agreement is measured on held-out rows.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from specbench.heads.recipe import HeadData
 from specbench.heads.train import Features
 from specbench.kit.features import StateSpec, ensure_states, ragged
-from specbench.zoo.train import autocast_dtype
 
 
 def padded_rows(rows: Sequence[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,6 +71,10 @@ class CorpusStates:
     def release(self, name: str) -> None:
         self._tensors.pop(name, None)
 
+    def respec(self, spec: StateSpec) -> CorpusStates:
+        """The same rows with the states `spec` (their own files)."""
+        return dataclasses.replace(self, spec=spec, _tensors={})
+
     def features(self, *, fused: bool = False) -> Features:
         ids, valid, loss = padded_rows(self.rows, self.pad_id)
         return Features(ids, valid, self.view("final"), self.view("fused") if fused else None, loss=loss)
@@ -78,112 +84,62 @@ class CorpusStates:
         return sum(len(r["answer_ids"]) for r in self.rows)
 
 
-def steps_for(section: dict, positions: int, per_step: int) -> dict:
-    """The section with `epochs` turned into optimiser steps over `positions` drafting positions,
-    `per_step` of them a step (a section without `epochs` keeps its `steps`)."""
-    out = dict(section)
-    epochs = out.pop("epochs", None)
-    if epochs is not None:
-        out["steps"] = max(1, math.ceil(float(epochs) * positions / per_step))
-    return out
+#: the heads whose agreement `heldout_agreement` measures (SpecDec's drafter is measured by its runs)
+HELDOUT_KINDS = ("medusa", "hydra", "eagle", "eagle3", "ppd")
 
 
-#: each head a kit trains itself (its own part: specbench.kit.build.HEAD_GROUPS) and its seed's offset
-#: from the kit's seed; Hydra and a methods/ folder's heads train through their recipes (specbench.heads.recipe)
-SEED_OFFSETS = {"medusa": 5, "eagle": 6, "ppd": 8, "eagle3": 9, "specdec": 10}
+@dataclass
+class CorpusHeadData(HeadData):
+    """A recipe's data on a kit's corpus (specbench.heads.recipe): every training row's states from the
+    shards' files, whatever `tokens` the recipe asks for, losses on answer tokens (the drafting
+    positions), `epochs` over those positions, and each card's agreement measured on the held-out rows.
 
+    The states every head reads come from one teacher-forced pass per shard (`states.spec`: the final
+    state, the kit's fused layers and exit layer); a recipe that asks for other fused layers or another
+    exit layer gets a pass of its own (said on stderr). The held-out rows are read with the states the
+    last request read."""
 
-def train_head(part: str, cfg: dict, states: CorpusStates, held: CorpusStates, target: torch.nn.Module,
-               tokenizer: Any, draft: Callable[[], torch.nn.Module], base: str, label: str, seed: int,
-               out: Any, ckpt: Any = None) -> dict:
-    """The head `part` (one of SEED_OFFSETS: EAGLE, EAGLE-3, Medusa, PPD's exit head, SpecDec's drafter from
-    the kit's distilled draft, loaded by `draft`) trained on every training row of the corpus (`cfg`: the
-    kit's `build.heads`, the section's `epochs` as steps), saved into `out/<part>`; its card: the
-    settings and stats, with its agreement on the held-out rows `held`. `ckpt`: a TrainingState the
-    training saves its progress in and resumes from (specbench.core.resume)."""
-    import time
+    states: CorpusStates | None = None  # the training rows
+    held: CorpusStates | None = None  # the held-out rows (never trained on)
+    _held_now: CorpusStates | None = field(default=None, repr=False)
 
-    from specbench.heads.eagle import save_eagle
-    from specbench.heads.eagle3 import save_eagle3
-    from specbench.heads.exit import save_exit_head
-    from specbench.heads.medusa import save_medusa
-    from specbench.heads.specdec import save_specdec
-    from specbench.heads.train import (
-        train_eagle,
-        train_eagle3,
-        train_exit_head,
-        train_medusa,
-        train_specdec,
-    )
+    def _pick(self, fused: Sequence[int] | None = None, exit_layer: int | None = None) -> CorpusStates:
+        shared = self.states.spec
+        want = tuple(fused or ())
+        if (not want or want == shared.fused) and (exit_layer is None or exit_layer == shared.exit_layer):
+            self._held_now = self.held
+            return self.states
+        spec = StateSpec(final=True, fused=want, exit_layer=exit_layer)
+        print(f"specbench: {self.label}: a head asks for states the shared pass does not keep (fused {list(want)}, "
+              f"exit layer {exit_layer}; kept: fused {list(shared.fused)}, exit layer {shared.exit_layer}): a pass of "
+              "its own over the corpus (set the kit's build.states to share it)", file=sys.stderr, flush=True)
+        self._held_now = self.held.respec(spec)
+        return self.states.respec(spec)
 
-    positions = states.drafting_positions
-    lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
-    seed += SEED_OFFSETS[part]
-    desc = f"{label} {part} head"
-    seconds: dict[str, float] = {}
+    def features(self, tokens: int, layers: Sequence[int] | None = None) -> Features:
+        return self._pick(fused=layers).features(fused=bool(layers))
 
-    def timed(name: str, run: Callable[[], Any]) -> Any:
+    def exit_states(self, tokens: int, exit_layer: int) -> Any:
+        return self._pick(exit_layer=exit_layer).view("exit")
+
+    def positions(self, tokens: int) -> int:
+        return self.states.drafting_positions
+
+    def heldout(self, kind: str, head: torch.nn.Module) -> dict:
+        """Top-1 agreement per depth on the held-out rows (`heldout_agreement`); for EAGLE also the chain
+        it drafts on its own states (`eagle_chain`: EAGLE-2's tree runs on the same head)."""
+        held = self._held_now or self.held
+        if kind not in HELDOUT_KINDS or held is None or not held.rows:
+            return {}
         start = time.perf_counter()
-        result = run()
-        seconds[name] = round(time.perf_counter() - start, 1)
-        return result
-
-    def settings(per_step: int, *drop: str) -> dict:
-        return {k: v for k, v in steps_for(cfg[part], positions, per_step).items() if k not in (*drop, "dtype")}
-
-    timed("states", states.ensure)
-    section = cfg[part]
-    # the heads' products in bfloat16 where the CPU has bf16 units (`dtype: auto`), as the methods' recipes
-    # train (mixed precision): the frozen 49,152-word LM head's product and loss are most of a step's cost
-    compute = autocast_dtype(str(section.get("dtype", "float32")))
-    extra: dict[str, Any] = {"compute_dtype": str(compute or torch.float32).removeprefix("torch.")}
-    if part == "medusa":
-        kw = settings(int(section.get("batch_positions", 1024)))
-        head, stats = timed("train", lambda: train_medusa(states.features(), lm_head, **kw, seed=seed,
-                                                         compute_dtype=compute, ckpt=ckpt, desc=desc))
-        save_medusa(head, out / part, base)
-    elif part == "eagle":
-        kw = settings(int(section["batch_rows"]) * int(section["window"]))
-        head, stats = timed("train", lambda: train_eagle(states.features(), embed, lm_head, target.config, **kw,
-                                                         seed=seed, compute_dtype=compute, ckpt=ckpt, desc=desc))
-        save_eagle(head, out / part, base)
-    elif part == "ppd":
-        kw = settings(int(section.get("batch_positions", 1024)), "exit_layer")
-        extra["exit_layer"] = states.spec.exit_layer
-        head, stats = timed("train", lambda: train_exit_head(
-            states.features(), states.view("exit"), lm_head, exit_layer=states.spec.exit_layer,
-            num_layers=int(target.config.num_hidden_layers), **kw, seed=seed, compute_dtype=compute, ckpt=ckpt,
-            desc=desc))
-        states.release("exit")
-        save_exit_head(head, out / part, int(lm_head.weight.shape[0]), base)
-    elif part == "eagle3":
-        kw = settings(int(section["batch_rows"]) * int(section["window"]), "layers")
-        head, stats = timed("train", lambda: train_eagle3(states.features(fused=True), embed, lm_head, target.config,
-                                                          **kw, layers=list(states.spec.fused), seed=seed,
-                                                          compute_dtype=compute, ckpt=ckpt, desc=desc))
-        states.release("fused")
-        save_eagle3(head, out / part, base)
-        extra["draft_vocab"] = head.draft_vocab_size
-    elif part == "specdec":
-        kw = settings(int(section["batch_rows"]) * int(section["window"]))
-        head, queries, stats = timed("train", lambda: train_specdec(states.features(), draft(), lm_head, **kw,
-                                                                    seed=seed, compute_dtype=compute, ckpt=ckpt,
-                                                                    desc=desc))
-        save_specdec(head, queries, tokenizer, out / part, int(lm_head.weight.shape[0]), base)
-        extra.update({"block": queries.block, "query_params": queries.embeddings.numel()})
-    else:
-        raise ValueError(f"no head part {part!r}; the kit's heads: {', '.join(SEED_OFFSETS)}")
-    card: dict[str, Any] = {"rows": len(states.rows), "drafting_positions": positions,
-                            "params": sum(p.numel() for p in head.parameters()), **extra, **kw, **stats.as_dict()}
-    if part != "specdec" and held.rows:
-        measured = timed("heldout", lambda: heldout_agreement({part: head}, held, target))
-        card["heldout_top1"] = [round(v, 4) for v in measured[part]]
-    if part == "eagle" and held.rows:  # EAGLE (and EAGLE-2's tree on it) drafting on its own states, as at run time
-        chain = timed("heldout_chain", lambda: eagle_chain(head, held, target))
-        card["heldout_chain"] = [round(v, 4) for v in chain]
-        card["heldout_mean_accepted_chain"] = round(1 + sum(chain), 4)
-    card["seconds"] = seconds
-    return card
+        out: dict[str, Any] = {"heldout_top1": [round(v, 4) for v in
+                                                heldout_agreement({kind: head}, held, self.target)[kind]]}
+        if kind == "eagle":
+            chain = eagle_chain(head, held, self.target)
+            out["heldout_chain"] = [round(v, 4) for v in chain]
+            out["heldout_mean_accepted_chain"] = round(1 + sum(chain), 4)
+        out["heldout_seconds"] = round(time.perf_counter() - start, 1)
+        return out
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ greedy and sampled verification stay lossless with nothing method-specific in th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,8 +33,10 @@ from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, Specula
 from specbench.engine.api import Prefilled
 from specbench.engine.budget import Budget
 from specbench.heads.checkpoint import head_folder, target_dims
-from specbench.heads.eagle import EagleHead, load_eagle
-from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3
+from specbench.heads.eagle import EagleHead, load_eagle, save_eagle
+from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3, save_eagle3
+from specbench.heads.recipe import HeadData, TrainingBase
+from specbench.heads.train import train_eagle, train_eagle3
 from specbench.heads.trees import StaticTree, build_tree, check_choices
 
 
@@ -47,6 +50,31 @@ class EagleSettings:
 
     def __post_init__(self) -> None:
         check_choices(self.choices, "eagle")
+
+
+@dataclass
+class EagleTraining(TrainingBase):
+    """`method.train` of method=eagle (EAGLE-2 drafts on the same head): one decoder layer that predicts
+    the target's next feature from its feature and the next token's embedding."""
+
+    batch_rows: int = 8  # windows per step
+    window: int = 256  # positions per window (the head attends within it)
+    ce_weight: float = 0.1  # smooth-L1 feature regression + ce_weight x cross-entropy through the frozen LM head
+    ce_fraction: float = field(default=0.25, metadata={"max": 1})  # positions the costly cross-entropy is taken on
+    noise: float = 0.1  # uniform noise on the input features (EAGLE's augmentation)
+
+
+@dataclass
+class Eagle3Training(TrainingBase):
+    """`method.train` of method=eagle3: token prediction from fused low / middle / high states, with
+    training-time test."""
+
+    layers: list[int] | None = None  # the fused hidden_states indices; None: the published (2, L/2, L-3)
+    batch_rows: int = 8
+    window: int = 192
+    ttt_steps: int = 3  # the head unrolled on its own outputs this many steps
+    step_decay: float = 0.8  # weight of step j's loss: step_decay ** j
+    draft_vocab: int | None = None  # the reduced draft vocabulary: the most frequent tokens; None: the target's
 
 
 @dataclass
@@ -291,6 +319,21 @@ class Eagle(SpeculativeMethod):
     """`method=eagle`: EAGLE-1 with a static tree (`method.choices`, `method.num_nodes`)."""
 
     Settings = EagleSettings
+    Training = EagleTraining
+
+    @classmethod
+    def train_head(cls, data: HeadData, settings: EagleTraining, out: Path) -> dict:
+        """An EAGLE-1 head (feature regression + cross-entropy, noisy inputs), saved in the published layout."""
+        target = data.target
+        features = data.features(settings.tokens)
+        head, stats = train_eagle(features, target.get_input_embeddings(), target.get_output_embeddings(),
+                                  target.config, steps=data.steps(settings), batch_rows=settings.batch_rows,
+                                  window=settings.window, lr=settings.lr, ce_weight=settings.ce_weight,
+                                  ce_fraction=settings.ce_fraction, noise=settings.noise, seed=data.seed_of(settings),
+                                  compute_dtype=data.compute(settings), ckpt=data.ckpt, desc=data.desc("eagle"))
+        save_eagle(head, out, data.base)
+        return {"tokens": features.n_tokens, "params": sum(p.numel() for p in head.parameters()),
+                **stats.as_dict(), **data.heldout("eagle", head)}
 
     def build_drafter(self) -> Drafter:
         self.head, embed, lm_head = _load(self, "eagle")
@@ -315,6 +358,24 @@ class Eagle3(SpeculativeMethod):
     """`method=eagle3`: an EAGLE-3 head (`method.head`) with EAGLE-2's dynamic tree."""
 
     Settings = Eagle2Settings
+    Training = Eagle3Training
+
+    @classmethod
+    def train_head(cls, data: HeadData, settings: Eagle3Training, out: Path) -> dict:
+        """An EAGLE-3 head on the fused states with training-time test; its draft vocabulary the most
+        frequent tokens of the training rows; saved in the published layout."""
+        target = data.target
+        layers = feature_layers(int(target.config.get_text_config().num_hidden_layers), settings.layers)
+        features = data.features(settings.tokens, layers)
+        head, stats = train_eagle3(features, target.get_input_embeddings(), target.get_output_embeddings(),
+                                   target.config, steps=data.steps(settings), batch_rows=settings.batch_rows,
+                                   window=settings.window, lr=settings.lr, ttt_steps=settings.ttt_steps,
+                                   step_decay=settings.step_decay, draft_vocab=settings.draft_vocab,
+                                   layers=settings.layers, seed=data.seed_of(settings),
+                                   compute_dtype=data.compute(settings), ckpt=data.ckpt, desc=data.desc("eagle3"))
+        save_eagle3(head, out, data.base)
+        return {"tokens": features.n_tokens, "params": sum(p.numel() for p in head.parameters()),
+                "draft_vocab": head.draft_vocab_size, **stats.as_dict(), **data.heldout("eagle3", head)}
 
     def build_drafter(self) -> Drafter:
         s = self.settings

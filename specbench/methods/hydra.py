@@ -123,14 +123,16 @@ class Hydra(SpeculativeMethod):
     def train_head(cls, data: HeadData, settings: HydraTraining, out: Path) -> dict:
         """Hydra heads trained on the frozen target's features; saved in the published layout."""
         target = data.target
-        heads, stats = train_hydra(data.features(settings.tokens), target.get_input_embeddings(),
-                                   target.get_output_embeddings(), num_heads=settings.num_heads,
-                                   num_layers=settings.num_layers, steps=settings.steps,
-                                   batch_positions=settings.batch_positions, lr=settings.lr,
-                                   train_projections=settings.train_projections, distill=settings.distill,
-                                   seed=data.seed + settings.seed, desc=f"{data.label} hydra head")
+        features = data.features(settings.tokens)
+        heads, stats = train_hydra(features, target.get_input_embeddings(), target.get_output_embeddings(),
+                                   num_heads=settings.num_heads, num_layers=settings.num_layers,
+                                   steps=data.steps(settings), batch_positions=settings.batch_positions,
+                                   lr=settings.lr, train_projections=settings.train_projections,
+                                   distill=settings.distill, seed=data.seed_of(settings),
+                                   compute_dtype=data.compute(settings), ckpt=data.ckpt, desc=data.desc("hydra"))
         save_hydra(heads, out, data.base)
-        return {"params": sum(p.numel() for p in heads.parameters()), **stats.as_dict()}
+        return {"tokens": features.n_tokens, "params": sum(p.numel() for p in heads.parameters()),
+                **stats.as_dict(), **data.heldout("hydra", heads)}
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -10,6 +10,7 @@ speculative sampling. The candidates are picked by rank, not sampled, so the tre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +19,9 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder, target_dims
-from specbench.heads.medusa import MedusaHeads, load_medusa
+from specbench.heads.medusa import MedusaHeads, load_medusa, save_medusa
+from specbench.heads.recipe import HeadData, TrainingBase
+from specbench.heads.train import train_medusa
 from specbench.heads.trees import StaticTree, build_tree, check_choices
 
 
@@ -32,6 +35,16 @@ class MedusaSettings:
 
     def __post_init__(self) -> None:
         check_choices(self.choices, "medusa")
+
+
+@dataclass
+class MedusaTraining(TrainingBase):
+    """`method.train` of method=medusa: Medusa-1's heads on the frozen target's features."""
+
+    num_heads: int = 4  # head k predicts the token k + 2 positions ahead
+    num_layers: int = 1  # residual blocks per head
+    batch_positions: int = 1024  # training positions per step
+    train_projections: bool = False  # the vocabulary projections start as the target's LM head; train them too?
 
 
 class MedusaDrafter(Drafter):
@@ -73,6 +86,21 @@ class Medusa(SpeculativeMethod):
     """`method=medusa`: heads from `method.head` (default the zoo's, for model=tiny)."""
 
     Settings = MedusaSettings
+    Training = MedusaTraining
+
+    @classmethod
+    def train_head(cls, data: HeadData, settings: MedusaTraining, out: Path) -> dict:
+        """Medusa-1 heads (cross-entropy of head k to the token k + 2 ahead, weighted 0.8 ** k), saved in
+        the published layout."""
+        features = data.features(settings.tokens)
+        heads, stats = train_medusa(features, data.target.get_output_embeddings(), num_heads=settings.num_heads,
+                                    num_layers=settings.num_layers, steps=data.steps(settings),
+                                    batch_positions=settings.batch_positions, lr=settings.lr,
+                                    train_projections=settings.train_projections, seed=data.seed_of(settings),
+                                    compute_dtype=data.compute(settings), ckpt=data.ckpt, desc=data.desc("medusa"))
+        save_medusa(heads, out, data.base)
+        return {"tokens": features.n_tokens, "params": sum(p.numel() for p in heads.parameters()),
+                **stats.as_dict(), **data.heldout("medusa", heads)}
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -20,6 +20,7 @@ plus a wider verify forward), not what k + 1 devices working in parallel would t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +30,9 @@ from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
 from specbench.engine.api import Prefilled
 from specbench.engine.layers import SHARED_CACHE_BATCH_PROBLEM, LayerSkipper, decoder_blocks
 from specbench.heads.checkpoint import head_folder, target_dims
-from specbench.heads.exit import ExitHead, load_exit_head
+from specbench.heads.exit import ExitHead, load_exit_head, save_exit_head
+from specbench.heads.recipe import HeadData, TrainingBase
+from specbench.heads.train import train_exit_head
 
 
 @dataclass
@@ -38,6 +41,14 @@ class PpdSettings:
 
     head: str | None  # exit head folder (a path or zoo:NAME); its config names the exit layer
     candidates: int  # k: the early exit's top-k candidates verified per step (the pipeline's parallel forwards)
+
+
+@dataclass
+class PpdTraining(TrainingBase):
+    """`method.train` of method=ppd: the exit head distilled from the full target's next-token distribution."""
+
+    exit_layer: int | None = None  # blocks run before the early exit; None: half the target's
+    batch_positions: int = 1024  # training positions per step
 
 
 class PpdDrafter(Drafter):
@@ -72,7 +83,26 @@ class Ppd(SpeculativeMethod):
     """`method=ppd`: the exit head of `method.head` (default the zoo's, for model=tiny)."""
 
     Settings = PpdSettings
+    Training = PpdTraining
     batch_problem = SHARED_CACHE_BATCH_PROBLEM
+
+    @classmethod
+    def train_head(cls, data: HeadData, settings: PpdTraining, out: Path) -> dict:
+        """The exit head on the target's state after `exit_layer` blocks (through its final norm), learning
+        the full target's next-token distribution at the same position."""
+        target = data.target
+        n_layers = int(target.config.get_text_config().num_hidden_layers)
+        exit_layer = int(settings.exit_layer or n_layers // 2)
+        features = data.features(settings.tokens)
+        lm_head = target.get_output_embeddings()
+        head, stats = train_exit_head(features, data.exit_states(settings.tokens, exit_layer), lm_head,
+                                      exit_layer=exit_layer, num_layers=n_layers, steps=data.steps(settings),
+                                      batch_positions=settings.batch_positions, lr=settings.lr,
+                                      seed=data.seed_of(settings), compute_dtype=data.compute(settings),
+                                      ckpt=data.ckpt, desc=data.desc("ppd"))
+        save_exit_head(head, out, int(lm_head.weight.shape[0]), data.base)
+        return {"tokens": features.n_tokens, "params": sum(p.numel() for p in head.parameters()),
+                "exit_layer": exit_layer, **stats.as_dict(), **data.heldout("ppd", head)}
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -12,7 +12,8 @@ lossless ones; the lossless audit reports how its tokens differ from the baselin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,7 +23,9 @@ from specbench.engine import DraftContext, Drafter, DraftTree, SpeculativeMethod
 from specbench.engine.api import GenerationResult, Prefilled
 from specbench.engine.verifier import Verdict
 from specbench.heads.checkpoint import head_folder
-from specbench.heads.specdec import MaskQueries, load_mask_queries, read_specdec_config
+from specbench.heads.recipe import HeadData, TrainingBase
+from specbench.heads.specdec import MaskQueries, load_mask_queries, read_specdec_config, save_specdec
+from specbench.heads.train import train_specdec
 from specbench.methods.drafts import check_same_vocabulary, fit_vocab, logits_width, unseen_tokens
 from specbench.models import LoadedModel, load_model
 
@@ -37,6 +40,19 @@ class SpecDecSettings:
     block: int | None  # k, tokens drafted per forward (at most the trained block); None = the trained block
     top_beta: int | None  # lossy verification: accept a draft token among the target's top beta (None = exact)
     tau: float  # ... whose logit is within tau of the target's best (with top_beta only)
+
+
+@dataclass
+class SpecDecTraining(TrainingBase):
+    """`method.train` of method=specdec (specdec_lossy runs the same drafter): a copy of the model's draft
+    fine-tuned with block - 1 mask queries, distilled from the target."""
+
+    starts_from_draft: ClassVar[bool] = True
+
+    block: int = 4  # k: tokens drafted per forward
+    batch_rows: int = 8  # windows per step
+    window: int = 128  # real tokens per training window
+    cuts: int = 24  # cut points per window trained at once (one 4D-masked forward)
 
 
 class SpecDecDrafter(Drafter):
@@ -98,6 +114,22 @@ class SpecDec(SpeculativeMethod):
     """`method=specdec`: the drafter of `method.head` (default the zoo's, for model=tiny)."""
 
     Settings = SpecDecSettings
+    Training = SpecDecTraining
+
+    @classmethod
+    def train_head(cls, data: HeadData, settings: SpecDecTraining, out: Path) -> dict:
+        """The NAR drafter: the model's draft plus block - 1 mask queries, distilled from the frozen target's
+        next-token distributions; saved as a causal LM folder with specdec.json and the queries."""
+        features = data.features(settings.tokens)
+        lm_head = data.target.get_output_embeddings()
+        draft, queries, stats = train_specdec(features, data.the_draft("specdec"), lm_head, block=settings.block,
+                                              steps=data.steps(settings), batch_rows=settings.batch_rows,
+                                              window=settings.window, cuts=settings.cuts, lr=settings.lr,
+                                              seed=data.seed_of(settings), compute_dtype=data.compute(settings),
+                                              ckpt=data.ckpt, desc=data.desc("specdec"))
+        save_specdec(draft, queries, data.tokenizer, out, int(lm_head.weight.shape[0]), data.base)
+        return {"tokens": features.n_tokens, "params": sum(p.numel() for p in draft.parameters())
+                + queries.embeddings.numel(), "block": queries.block, **stats.as_dict()}
 
     def build_drafter(self) -> Drafter:
         s = self.settings

@@ -17,7 +17,7 @@ from specbench.core.prompts import TEMPLATES
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
 from specbench.engine.budget import BUDGET_MODES
-from specbench.run.registry import discover, in_scope, register_with_hydra
+from specbench.run.registry import Registry, discover, in_scope, register_with_hydra
 
 GROUPS = ("model", "method", "task", "dataset", "sweep", "backend")
 HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -77,12 +77,20 @@ def _values(text: str) -> list[str]:
     return [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Reject unknown group options and unknown keys before Hydra sees them. Methods come from
-    the registry (built-in, methods/ folder, the command line's search path, entry points)."""
-    keys = top_level_keys()
+def prepare(overrides: list[str]) -> Registry:
+    """Everything a run's config can name, registered once before it is checked and composed: the
+    methods (built-in, methods/ folder, the command line's search path, entry points) in Hydra's
+    ConfigStore and the registry build_method uses, and `model=KIT` for every kit YAML."""
     registry = register_with_hydra(discover(overrides))
     register_kit_models(overrides)
+    return registry
+
+
+def check_overrides(overrides: list[str], registry: Registry | None = None) -> None:
+    """Reject unknown group options and unknown keys before Hydra sees them. Methods come from
+    `registry` (`prepare`'s; prepared here when not given)."""
+    keys = top_level_keys()
+    registry = registry or prepare(overrides)
     presets = backend_presets(overrides)
     for before, item in zip([""] + overrides, overrides):
         if item.startswith("-") or before in HYDRA_VALUE_FLAGS:
@@ -124,15 +132,15 @@ def backend_presets(overrides: list[str]) -> list[str] | None:
     return list(presets) if presets is not None else None
 
 
-def check_compose(overrides: list[str]) -> None:
-    """Compose once with Hydra's API so nested-key mistakes become one-line errors too."""
+def check_compose(overrides: list[str], registry: Registry | None = None) -> None:
+    """Compose once with Hydra's API so nested-key mistakes become one-line errors too (`registry`:
+    `prepare`'s; prepared here when not given)."""
     from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     plain = [o for o in overrides if "=" in o and not o.startswith(("-", "hydra"))]
-    register_with_hydra(registry := discover(overrides))
-    register_kit_models(overrides)
+    registry = registry or prepare(overrides)
     if registry.search:
         plain.append(f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]")
     with on_config_dir():

@@ -305,6 +305,19 @@ class Registry:
         values = {**OmegaConf.to_container(cfg[TRAIN_KEY], resolve=True), **(changes or {})}
         return cls, training_settings(cls, values, name)
 
+    def builder_recipe(self, name: str, heads: Any, where: str) -> tuple[type, Any]:
+        """Method `name`'s recipe as a builder trains it: `heads` (configs/zoo.yaml's `heads:`, a kit's
+        `build.heads:`; per method, settings over its `train:` section) over the method's own; `where` names
+        that section in the one-line errors (a key that is no method training a head, a bad setting)."""
+        section = OmegaConf.to_container(heads, resolve=True) if OmegaConf.is_config(heads) else dict(heads or {})
+        if unknown := sorted(set(section) - set(self.trained())):
+            raise SpecbenchError(f"{where} names {', '.join(unknown)}, which train no head; its keys are the methods "
+                                 f"that do: {', '.join(self.trained())}")
+        try:
+            return self.recipe(name, dict(section.get(name) or {}))
+        except SpecbenchError as exc:
+            raise SpecbenchError(f"{where}.{name}: {exc}") from None
+
     def impl_folders(self) -> list[Path]:
         """Where a dotless impl module (`<module>.Class`) is looked for, in order."""
         return [self.folder, *(p / "method" for p in self.search)]

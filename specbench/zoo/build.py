@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM
 
 from specbench import synth
+from specbench.core.hardware import autocast_dtype
 from specbench.zoo import card as cardlib
 from specbench.zoo import data, train
 
@@ -95,7 +96,7 @@ def _train_stage(ctx: BuildContext, name: str, offset: int, teacher: str | None)
                              int(cfg.bench.max_new_tokens))
     stats = train.train(model, ctx.state["train_rows"], section.train, seed=ctx.seed(offset), desc=f"zoo {name}",
                         teacher=ctx.model(teacher) if teacher else None,
-                        compute_dtype=train.autocast_dtype(str(cfg.train_dtype)))
+                        compute_dtype=autocast_dtype(str(cfg.train_dtype)))
     model.save_pretrained(ctx.out / name)
     # The chat template goes into tokenizer_config.json, where every transformers version reads it.
     tokenizer.save_pretrained(ctx.out / name, save_jinja_files=False)

@@ -50,7 +50,7 @@ def _parser() -> ArgumentParser:
 
 
 def _release(opts: argparse.Namespace) -> int:
-    """Wheels of the default zoo, its heads and the built-in methods' trained heads; all must be built."""
+    """Wheels of the default zoo and the built-in methods' trained heads; all must be built."""
     from pathlib import Path
 
     from specbench.zoo import release
@@ -66,16 +66,16 @@ def _release(opts: argparse.Namespace) -> int:
 
 
 def _folders(registry=None) -> list:
-    """The default zoo's cache folders: the zoo, its heads and the built-in methods' trained heads."""
+    """The default zoo's cache folders: the zoo and the built-in methods' trained heads."""
     from specbench.run.registry import BUILTIN, discover
-    from specbench.zoo.parts import heads_dir, trained_part_dir
+    from specbench.zoo.parts import trained_part_dir
 
     zoo = store.zoo_root() / store.zoo_hash(store.load_zoo_config())
     if not store.is_complete(zoo):
         raise SpecbenchError(f"the zoo {zoo} is not built; run `python -m specbench zoo build` first")
     registry = registry or discover()
     trained = [name for name in registry.trained() if registry.specs[name].source == BUILTIN]
-    return [zoo, heads_dir(zoo)] + [trained_part_dir(zoo, name, registry) for name in trained]
+    return [zoo] + [trained_part_dir(zoo, name, registry) for name in trained]
 
 
 def _origin_text(folder) -> str:
@@ -170,13 +170,6 @@ def _speed_now(folder: os.PathLike, cfg: DictConfig) -> str:
     return "now: " + format_speed(speed)
 
 
-def _heads_line(card_path: os.PathLike) -> str:
-    card = json.loads(open(card_path).read())
-    names = [name for name in ("eagle", "eagle3", "medusa", "ppd", "specdec") if name in card]
-    return ", ".join(f"{name} {card[name]['params'] / 1e6:.2f}M params" for name in names) + (
-        f", trained in {card.get('build_seconds', 0):.0f}s")
-
-
 def zoo_main(argv: list[str]) -> int:
     """The body of `python -m specbench zoo ...`; returns the exit status."""
     opts = _parser().parse_args(argv)
@@ -209,11 +202,9 @@ def zoo_main(argv: list[str]) -> int:
         if not opts.overrides:  # the parts hang off the default zoo: heads and the REST datastore
             from specbench.heads.recipe import PART_CARD
             from specbench.run.registry import discover
-            from specbench.zoo.parts import HEADS_CARD, ensure_heads, resolve, trained_part
+            from specbench.zoo.parts import resolve, trained_part
 
-            heads = ensure_heads()
-            print(f"zoo heads: {heads} ({_heads_line(heads / HEADS_CARD)}; {_origin_text(heads)})")
-            for method in discover().trained():  # the methods that train their own head (Hydra, methods/ folder's)
+            for method in discover().trained():  # the methods that train their own head (specbench.heads.recipe)
                 part = trained_part(method)
                 card = json.loads((part / PART_CARD).read_text())
                 print(f"zoo {method} head: {part} ({card.get('params', 0) / 1e6:.2f}M params, trained in "

@@ -1,6 +1,6 @@
-"""Parts of the zoo built after it and cached beside it: the EAGLE, EAGLE-3, Medusa and PPD heads
-and SpecDec's drafter (one folder, configs/zoo_heads.yaml), the head of every method that trains
-its own (`zoo:hydra` and a methods/ folder's: specbench.heads.recipe; one folder each), and the
+"""Parts of the zoo built after it and cached beside it: the head of every method that trains its own
+(`zoo:medusa`, `zoo:eagle`, `zoo:eagle3`, `zoo:hydra`, `zoo:ppd`, `zoo:specdec` and a methods/ folder's:
+specbench.heads.recipe; one folder each, keyed by the method's `train:` settings and recipe), and the
 REST datastore.
 
 They depend on the trained target but are kept out of the zoo's own hash, so a change of a
@@ -10,46 +10,15 @@ under a file lock, like the zoo itself.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from specbench.core.files import build_once
-from specbench.zoo.store import COMPLETE, CONFIG_PATH, check_may_build, ensure_zoo, load_zoo_config
-
-HEADS_CONFIG = CONFIG_PATH.with_name("zoo_heads.yaml")
-HEADS = ("eagle", "medusa", "ppd", "eagle3", "specdec")
-HEADS_CODE_VERSION = "heads-2"
-HEADS_CARD = "heads.json"
-
-
-def heads_dir(zoo: Path) -> Path:
-    """`<zoo root>/<zoo hash>.heads-<hash of zoo_heads.yaml>` (not necessarily built yet)."""
-    # The zoo's COMPLETE marker carries its build time: a forced rebuild of the target (same
-    # hash, new weights) gets new heads instead of reusing ones trained on the old target.
-    payload = json.dumps({"config": OmegaConf.to_container(OmegaConf.load(HEADS_CONFIG), resolve=True),
-                          "code": HEADS_CODE_VERSION, "zoo": (zoo / COMPLETE).read_text()}, sort_keys=True)
-    return zoo.with_name(f"{zoo.name}.heads-{hashlib.sha256(payload.encode()).hexdigest()[:8]}")
-
-
-def ensure_heads() -> Path:
-    """The folder holding `eagle/`, `eagle3/`, `medusa/`, `ppd/` and `specdec/` for the zoo's target,
-    trained first if needed."""
-    zoo = ensure_zoo()
-
-    def build(tmp: Path) -> None:
-        card = _train_heads(zoo, tmp)
-        (tmp / HEADS_CARD).write_text(json.dumps(card, indent=2) + "\n")  # written last: marks it complete
-
-    return _built(heads_dir(zoo), HEADS_CARD, "the zoo's EAGLE, EAGLE-3, Medusa and PPD heads and SpecDec's drafter "
-                  "(about 10 minutes on 2 CPU cores with bf16 units, 16 without)", build)
+from specbench.zoo.store import COMPLETE, check_may_build, ensure_zoo, load_zoo_config
 
 
 def _built(final: Path, card: str, what: str, build: Callable[[Path], None]) -> Path:
@@ -86,7 +55,7 @@ def trained_part(name: str) -> Path | None:
     registry = discover()
     if name not in registry.trained():
         return None
-    cls, settings = registry.recipe(name)
+    cls, settings = zoo_recipe(name, registry)
     zoo = ensure_zoo()
     final = trained_part_dir(zoo, name, registry)
 
@@ -106,8 +75,16 @@ def trained_part_dir(zoo: Path, name: str, registry: Any = None) -> Path:
     from specbench.heads.recipe import part_key
     from specbench.run.registry import discover
 
-    cls, settings = (registry or discover()).recipe(name)
+    cls, settings = zoo_recipe(name, registry or discover())
     return zoo.with_name(f"{zoo.name}.{name}-{part_key(cls, settings, (zoo / COMPLETE).read_text())}")
+
+
+def zoo_recipe(name: str, registry: Any) -> tuple[type, Any]:
+    """Method `name`'s class and training settings for the zoo: its `train:` section with configs/zoo.yaml's
+    `heads.<name>` over it (as a kit's `build.heads`)."""
+    from specbench.zoo.store import HEADS_KEY
+
+    return registry.builder_recipe(name, load_zoo_config().get(HEADS_KEY), "configs/zoo.yaml's heads")
 
 
 def zoo_head_data(zoo: Path) -> Any:
@@ -127,39 +104,8 @@ def zoo_head_data(zoo: Path) -> Any:
                     draft=lambda: AutoModelForCausalLM.from_pretrained(zoo / "draft", dtype=torch.float32).eval())
 
 
-def _train_heads(zoo: Path, out: Path) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specbench.heads.train import zoo_stage
-    from specbench.zoo import data
-    from specbench.zoo.build import BuildContext
-
-    zoo_cfg = load_zoo_config()
-    cfg = OmegaConf.merge(OmegaConf.to_container(zoo_cfg), {"heads": OmegaConf.load(HEADS_CONFIG)})
-    ctx = BuildContext(cfg=cfg, out=out, zoo_hash=zoo.name)
-    threads = torch.get_num_threads()
-    start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]):
-        torch.set_num_threads(int(cfg.threads))
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(zoo / "target")
-            ctx.state["target"] = AutoModelForCausalLM.from_pretrained(zoo / "target", dtype=torch.float32).eval()
-            ctx.state["draft"] = AutoModelForCausalLM.from_pretrained(zoo / "draft", dtype=torch.float32).eval()
-            ctx.state["tokenizer"] = tokenizer
-            items = data.conversations(zoo_cfg, "train")
-            ctx.state["train_rows"] = data.pack(data.encode_items(tokenizer, items), int(cfg.seq_len), tokenizer,
-                                                ctx.seed(0))
-            zoo_stage(ctx)
-        finally:
-            torch.set_num_threads(threads)
-    ctx.card["heads"]["build_seconds"] = round(time.perf_counter() - start, 1)
-    return ctx.card["heads"]
-
-
 def resolve(name: str) -> Path:
     """The folder a `zoo:NAME` spec names: a zoo model, a head, the REST datastore, or a data file."""
-    if name in HEADS:
-        return ensure_heads() / name
     if name == "datastore":
         return zoo_datastore()
     if name == "calibration":

@@ -2,7 +2,7 @@
 
 Training the zoo, its heads and Hydra's head takes 40-45 minutes on 2 CPU cores without bf16 units
 (about 25 with them), longer than the benchmark run that needs them. So the folders a build leaves
-(the zoo itself, `<hash>.heads-<key>`, `<hash>.hydra-<key>`) can be published on a package index
+(the zoo itself and each trained head, `<hash>.NAME-<key>`) can be published on a package index
 as wheels, one per folder (`python -m specbench zoo release` makes them and this file's manifest,
 `release.json`). Where a folder that a run needs is missing and the manifest names it, pip downloads
 its wheel in hash-checking mode (`--require-hashes`: a file whose SHA-256 differs from the manifest's

@@ -1,10 +1,10 @@
 """The zoo's reference weights, shipped in the repository: every machine benchmarks the same models.
 
 `weights/` (a checkout's top-level folder; SPECBENCH_WEIGHTS_DIR names another) holds the folders a
-zoo build leaves in the cache (the zoo itself `<hash>`, its heads `<hash>.heads-<key>`, each trained
-part `<hash>.NAME-<key>`), as they would be built here, under `weights/zoo/`, and one manifest,
-`weights/MANIFEST.json`: each file's SHA-256 and size, the release's fingerprint, and how each part is
-stored. Safetensors files are stored smaller than they are used:
+zoo build leaves in the cache (the zoo itself `<hash>`, each trained head `<hash>.NAME-<key>`), as they
+would be built here, under `weights/zoo/`, and one manifest, `weights/MANIFEST.json`: each file's SHA-256
+and size, the release's fingerprint, and how each part is stored. Safetensors files are stored smaller
+than they are used:
 - a tensor equal to one of the zoo target's (a head's frozen vocabulary projection, a copied
   embedding) is stored once, in the target, and named in the file's metadata;
 - a part whose held-out agreement in bfloat16 stays within 1% of float32's is stored in bfloat16
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import write_atomic
+from specbench.core.files import safetensors_header, write_atomic
 from specbench.core.origin import ORIGIN_FILE, read_origin
 from specbench.core.questions import sha256_of
 from specbench.core.resources import checkout_folder
@@ -199,8 +199,7 @@ def mark_local(folder: Path) -> dict[str, Any]:
 
 def _machine() -> str:
     """The CPU a local build trained on, and whether it has bf16 units (training then runs in bf16 autocast)."""
-    from specbench.core.hardware import cpu_info
-    from specbench.zoo.train import autocast_dtype
+    from specbench.core.hardware import autocast_dtype, cpu_info
 
     cpu = cpu_info()
     return f"{cpu.get('model')}, {cpu.get('logical_cores')} cores, bf16 units: " \
@@ -268,8 +267,7 @@ def save_sorted(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | 
     from safetensors.torch import save
 
     data = save(tensors, metadata=metadata)
-    size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
+    size, header = safetensors_header(data)
     if "__metadata__" in header:
         header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()

@@ -39,6 +39,10 @@ def zoo_root() -> Path:
     return env_folder(ENV_VAR, default_cache() / "zoo")
 
 
+#: the zoo config's section of per-method head settings (over each method's `train:`), outside the zoo's hash
+HEADS_KEY = "heads"
+
+
 def load_zoo_config(overrides: list[str] | None = None) -> DictConfig:
     """configs/zoo.yaml composed by Hydra with `key=value` overrides (`target.train.lr=1e-3`),
     resolved; unknown keys and values of another kind are errors."""
@@ -48,11 +52,13 @@ def load_zoo_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 def zoo_hash(cfg: DictConfig) -> str:
-    """12 hex digits of SHA-256 over the resolved config, the generator version and the code version."""
+    """12 hex digits of SHA-256 over the resolved config (but its `heads:`, the settings of the heads trained
+    after the zoo, each keyed on its own: specbench.zoo.parts), the generator version and the code version."""
     from specbench import synth
 
+    config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != HEADS_KEY}
     payload = json.dumps(
-        {"config": OmegaConf.to_container(cfg, resolve=True), "generator": synth.GENERATOR_VERSION,
+        {"config": config, "generator": synth.GENERATOR_VERSION,
          "code": ZOO_CODE_VERSION},
         sort_keys=True,
     )

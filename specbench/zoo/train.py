@@ -96,18 +96,6 @@ class TrainStats:
                 "tokens_per_s": round(self.tokens_per_s), "final_loss": round(self.final_loss, 4)}
 
 
-def autocast_dtype(name: str) -> torch.dtype | None:
-    """The dtype training computes in: `float32`, `bfloat16`, or `auto` = bfloat16 where the CPU
-    has native bf16 matrix units (AMX or AVX512-BF16: about 1.6x faster steps on the 2-core
-    machine, weights still kept and saved in float32), float32 elsewhere (bf16 would be emulated)."""
-    if name == "auto":
-        native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-        return torch.bfloat16 if native else None
-    if name not in ("float32", "bfloat16"):
-        raise ValueError(f"train dtype must be auto, float32 or bfloat16, got {name!r}")
-    return torch.bfloat16 if name == "bfloat16" else None
-
-
 def lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
             teacher: torch.nn.Module | None, kd_alpha: float, temperature: float,
             compute_dtype: torch.dtype | None = None) -> torch.Tensor:
