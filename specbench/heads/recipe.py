@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from specbench.core.errors import SpecbenchError
-from specbench.core.hardware import autocast_dtype
+from specbench.core.hardware import TRAIN_DTYPES, autocast_dtype
 from specbench.core.resume import TrainingState
 from specbench.engine.api import parse_settings
 from specbench.heads.train import DEFAULT_TOKENS, Features, collect_exit_states, collect_features
@@ -66,8 +66,8 @@ class TrainingBase:
         if self.epochs is not None and not self.epochs > 0:
             raise SpecbenchError(f"setting 'epochs' must be a positive number of passes over the corpus (or null "
                                  f"for `steps`), got {self.epochs!r}")
-        if self.dtype not in DTYPES:
-            raise SpecbenchError(f"setting 'dtype' must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in TRAIN_DTYPES:
+            raise SpecbenchError(f"setting 'dtype' must be one of {', '.join(TRAIN_DTYPES)}, got {self.dtype!r}")
 
     def positions_per_step(self) -> int:
         """Training positions one optimiser step reads (`epochs` to steps): `batch_positions`, or
@@ -78,10 +78,6 @@ class TrainingBase:
             return int(self.batch_rows) * int(self.window)
         raise SpecbenchError(f"{type(self).__name__} has no batch_positions nor batch_rows and window, so `epochs` "
                              "cannot be turned into steps: set `steps` instead, or define positions_per_step")
-
-
-#: the training dtypes a recipe takes (specbench.core.hardware.autocast_dtype)
-DTYPES = ("float32", "bfloat16", "auto")
 
 
 @dataclass

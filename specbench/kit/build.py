@@ -139,7 +139,6 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
     """The head of `method` for the kit's target, trained by its recipe on the kit's corpus the first time
     (every training row, losses on answer tokens, agreement measured on the held-out rows; progress saved
     every PROGRESS_EVERY_S beside the folder, so a stopped build resumes there)."""
-    from specbench.core.resume import TrainingState
     from specbench.heads.recipe import PART_CARD, train_part
 
     cls, settings = kit_recipe(kit, method)
@@ -152,7 +151,7 @@ def ensure_trained(kit: DictConfig, method: str) -> Path:
             torch.set_num_threads(int(kit.build.threads))
             target = _load_target(kit, torch.float32)
             rows, held = split_rows(kit, read_corpus(corpus))
-            ckpt = TrainingState(final.with_name(f"{final.name}.progress.pt"), every_s=PROGRESS_EVERY_S)
+            ckpt = progress_state(final)
             data = head_data(kit, rows, held, target, ckpt)
             start = time.perf_counter()
             data.states.ensure()
@@ -477,7 +476,7 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     card: dict[str, Any] = {"train_rows": len(rows), "heldout_rows": len(held),
                             "train_answer_tokens": train_rows.answer_tokens,
                             "heldout_answer_tokens": held_rows.answer_tokens}
-    progress = {name: progress_state(kit, "drafts", name) for name in ("draft", "draft_plain")}
+    progress = {name: progress_state(group_dir(kit, "drafts"), name) for name in ("draft", "draft_plain")}
     for offset, name in enumerate(("draft", "draft_plain")):
         section = cfg[name]
         seed = int(kit.build.seed) + offset
@@ -500,14 +499,14 @@ def build_drafts(kit: DictConfig, inputs: dict, out: Path) -> dict:
     return card
 
 
-def progress_state(kit: DictConfig, group: str, name: str) -> Any:
-    """Where a group's training `name` keeps its progress while it builds (specbench.core.resume):
-    beside the group's folder in the cache, under its settings' key, so a build stopped after hours
-    resumes where it saved (on this machine; another machine starts the part over)."""
+def progress_state(final: Path, name: str | None = None) -> Any:
+    """Where the training of the cache folder `final` (a group's training `name`, or a head's) keeps its
+    progress while it builds (specbench.core.resume): beside the folder, under its settings' key, so a build
+    stopped after hours resumes where it saved (on this machine; another machine starts the part over)."""
     from specbench.core.resume import TrainingState
 
-    final = group_dir(kit, group)
-    return TrainingState(final.with_name(f"{final.name}.{name}.progress.pt"), every_s=PROGRESS_EVERY_S)
+    stem = f"{final.name}.{name}" if name else final.name
+    return TrainingState(final.with_name(f"{stem}.progress.pt"), every_s=PROGRESS_EVERY_S)
 
 
 def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:

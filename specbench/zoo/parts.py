@@ -57,7 +57,7 @@ def trained_part(name: str) -> Path | None:
         return None
     cls, settings = zoo_recipe(name, registry)
     zoo = ensure_zoo()
-    final = trained_part_dir(zoo, name, registry)
+    final = _part_dir(zoo, name, cls, settings)
 
     def build(tmp: Path) -> None:
         threads = torch.get_num_threads()
@@ -72,10 +72,14 @@ def trained_part(name: str) -> Path | None:
 
 def trained_part_dir(zoo: Path, name: str, registry: Any = None) -> Path:
     """The folder of `zoo:NAME` for a method that trains its own head (not necessarily built yet)."""
-    from specbench.heads.recipe import part_key
     from specbench.run.registry import discover
 
-    cls, settings = zoo_recipe(name, registry or discover())
+    return _part_dir(zoo, name, *zoo_recipe(name, registry or discover()))
+
+
+def _part_dir(zoo: Path, name: str, cls: type, settings: Any) -> Path:
+    from specbench.heads.recipe import part_key
+
     return zoo.with_name(f"{zoo.name}.{name}-{part_key(cls, settings, (zoo / COMPLETE).read_text())}")
 
 
