@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from specbench.analysis import report
 from specbench.core.resources import CONFIG_DIR
-from specbench.run import session as runner
+from specbench.run import runner
 from specbench.run.config import options
 from specbench.run.registry import method_label
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import answers_file, assert_one_line_error, base_args, cli, specbench, write_questions
 from specbench.analysis import report
 from specbench.core.answers import AnswerWriter, read_answers
-from specbench.run.session import Session
+from specbench.run.local import LocalBackend
 
 
 def questions_with(path, extra_turns):
@@ -44,8 +44,8 @@ def test_failing_questions_are_recorded_and_excluded(tiny_models, tmp_path):
 
 
 def ctrl_c_at(monkeypatch, method: str, question_id: int, presses: int = 1):
-    """Make the session press Ctrl-C (SIGINT to this process) while `method` answers `question_id`."""
-    answer = Session.answer
+    """Make the run press Ctrl-C (SIGINT to this process) while `method` answers `question_id`."""
+    answer = LocalBackend.answer_one
 
     def pressing(self, method_obj, question):
         if question.question_id == question_id and type(method_obj).__name__ == method:
@@ -53,7 +53,7 @@ def ctrl_c_at(monkeypatch, method: str, question_id: int, presses: int = 1):
                 os.kill(os.getpid(), signal.SIGINT)
         return answer(self, method_obj, question)
 
-    monkeypatch.setattr(Session, "answer", pressing)
+    monkeypatch.setattr(LocalBackend, "answer_one", pressing)
 
 
 def interrupted_run(tiny_models, tmp_path, monkeypatch, method, question_id, presses=1, schedule="sequential"):

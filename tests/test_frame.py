@@ -3,7 +3,6 @@
 import math
 import random
 import statistics
-import types
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from specbench.analysis import frame, report
 from specbench.analysis.audit import time_split
 from specbench.analysis.runs import Run
 from specbench.analysis.summary import run_summary
-from specbench.core.answers import run_dir
+from specbench.run.runner import RunResult
 
 pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
@@ -138,12 +137,8 @@ def test_run_summary_prints_the_reports_numbers(tmp_path):
         write_run(root, "fast", [record(i, c, 10 + i, slow / (2 + i), [2, 3, 1]) for i, c in enumerate(cats)], run=run)
     (group,) = [report.analyse(g) for g in report.group_runs(report.load_runs(root))]
     cfg = OmegaConf.create({"method": {"name": "fast"}, "runs": 2, "temperature": 0.0, "model": {"name": "tiny"},
-                            "dataset": {"name": "synthetic"}})
-    session = types.SimpleNamespace(cfg=cfg, labels=["baseline", "fast"],
-                                    questions=[types.SimpleNamespace(question_id=i) for i in range(4)],
-                                    run_dir=lambda name, run: run_dir(root, "synthetic", "tiny", name, 0.0, run),
-                                    failures=lambda: [])
-    text = run_summary(session)
+                            "dataset": {"name": "synthetic"}, "output_dir": str(root), "shard": None})
+    text = run_summary(RunResult(cfg, 1, list(range(4)), labels=["baseline", "fast"]))  # read back from the files
     fast = next(r for r in group.results if r.method == "fast")
     for row in fast.rows.values():
         assert f"| {row['speedup']:.2f}x ± {row['speedup_std']:.2f} | {row['mean_accepted']:.2f} " in text

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from helpers import specbench, write_questions
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import load_questions
+from specbench.run.dataset import load_dataset
 from specbench.run.provenance import comparable_identity, identity
-from specbench.run.session import load_dataset
 
 RUN_CFG = OmegaConf.create({
     "dataset": {"name": "synthetic"}, "model": {"path": "zoo:target", "template": "chat_template"},

@@ -5,6 +5,7 @@ the faults (a server that does not start, dies mid-run, refuses a question, stay
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from helpers import answers_file, assert_one_line_error, cli, write_questions
 from specbench.core.answers import EXTRA_KEY
+from specbench.core.record import TurnStats
 from specbench.serving.metrics import Counters, parse, step_lengths
 
 pytestmark = pytest.mark.fast
@@ -92,7 +94,8 @@ def test_a_vllm_run_files_answers_that_report_reads(setup, tmp_path):
             assert 1 * len(choice["new_tokens"]) + sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
             assert choice["new_tokens"] == [len(ids) for ids in record[EXTRA_KEY]["output_ids"]]
         stats = n[EXTRA_KEY]["stats"][0]
-        assert stats["drafts"] > 0 and stats["draft_tokens"] == 10 * stats["drafts"]  # the preset's 10 tokens
+        assert stats["drafts"] > 0 and stats["drafted_tokens"] == 10 * stats["drafts"]  # the preset's 10 tokens
+        assert set(stats) <= {f.name for f in dataclasses.fields(TurnStats)}  # the one statistics type, ours too
         assert b[EXTRA_KEY]["stats"][0]["drafts"] == 0
     assert max(a for r in ngram for a in r["choices"][0]["accept_lengths"]) == 2
     meta = json.loads((answers_file(out, "ngram", model="local-vllm").parent / "meta.json").read_text())
@@ -104,6 +107,8 @@ def test_a_vllm_run_files_answers_that_report_reads(setup, tmp_path):
                f"output_dir={out}", "max_new_tokens=12", "warmup=0", "progress=false", "interleave=[pld]",
                cwd=tmp_path)
     assert ours.code == 0, ours.err
+    local = read(answers_file(out, "pld", model="local"))[0]  # one runner, one record: the same keys both ways
+    assert set(local) == set(ngram[0]) and set(local[EXTRA_KEY]) == set(ngram[0][EXTRA_KEY]) - {"finish_reason"}
     report = cli("report", str(out), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert report.code == 0, report.err
     engines = (tmp_path / "report" / "engines.md").read_text()

@@ -11,6 +11,7 @@ import pandas as pd
 from specbench.analysis.frame import SECTION, measured_rows
 from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import EXTRA_KEY
+from specbench.core.record import turn_stats
 
 #: `report --recheck` verdicts on a greedy mismatch (see analysis.recheck); "not rechecked: <why>" otherwise
 NUMERICAL, BASELINE_OFF, BUG = "numerical", "baseline off", "bug"
@@ -29,9 +30,8 @@ def depth_acceptance(runs: list[Run]) -> list[float] | None:
     accepted: Counter = Counter()
     for run in runs:
         for r in run.records:
-            for stats in (r.get(EXTRA_KEY) or {}).get("stats", []):
-                for d, (n, a) in enumerate(zip((stats or {}).get("position_drafted", []),
-                                               (stats or {}).get("position_accepted", []))):
+            for stats in turn_stats(r):
+                for d, (n, a) in enumerate(zip(stats.position_drafted or [], stats.position_accepted or [])):
                     drafted[d] += n
                     accepted[d] += a
     if not drafted:
@@ -66,9 +66,9 @@ def stream_acceptance(
             emitted[part] += sum(lengths)
             steps[part] += len(lengths)
             ids[part].add(r["question_id"])
-            for stats in (r.get(EXTRA_KEY) or {}).get("stats", []):
-                updates += int((stats or {}).get("online_updates", 0) or 0)
-                seconds += float((stats or {}).get("online_update_seconds", 0.0) or 0.0)
+            for stats in turn_stats(r):
+                updates += int(stats.counters.get("online_updates", 0) or 0)
+                seconds += float(stats.counters.get("online_update_seconds", 0.0) or 0.0)
     if not any(steps):
         return None
     out: dict[str, Any] = {"mean_accepted": [e / s if s else None for e, s in zip(emitted, steps)],
@@ -199,8 +199,8 @@ def lossless_audit(method_runs: list[Run], base_runs: list[Run], tie_margin: flo
                 continue
             turn, pos = diverge
             tokens += sum(len(ids) for ids in ref["output_ids"][:turn]) + pos + 1
-            ref_stats = ref.get("stats") or []
-            margins = ((ref_stats[turn] or {}).get("top2_margin") or []) if turn < len(ref_stats) else []
+            ref_stats = turn_stats(base[record["question_id"]])
+            margins = (ref_stats[turn].top2_margin or []) if turn < len(ref_stats) else []
             top2 = margins[pos] if pos < len(margins) else None
             mismatches.append({
                 "run": run.run, "baseline_run": partner.run, "question_id": record["question_id"], "turn": turn,

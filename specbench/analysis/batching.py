@@ -2,7 +2,7 @@
 
 Definitions (per method and batch size B, over every answer of its runs):
 - throughput = all new tokens / all wall time. A batched answer's wall_time is its share of its
-  batch's time (in proportion to its tokens, see run.session.answer_batch), so the sum over
+  batch's time (in proportion to its tokens, see run.local.LocalBackend.answer_batch), so the sum over
   answers is the time of the batches: this is tokens per second of the whole batch;
 - speedup at B = the method's throughput / the baseline's throughput at the same B;
 - latency of a question = the time from its admission into a row of the batch (its prefill)

@@ -16,7 +16,7 @@ from typing import Any
 from specbench.analysis import audit
 from specbench.analysis.report import FIXED, Group, MethodResult
 from specbench.analysis.runs import BASELINE
-from specbench.core.answers import EXTRA_KEY
+from specbench.core.record import turn_stats
 
 
 def engine_of(group: Group) -> str | None:
@@ -56,10 +56,9 @@ def counter_acceptance_length(runs: list[Any]) -> float:
     drafts = accepted = 0
     for run in runs:
         for record in run.records:
-            for stats in (record.get(EXTRA_KEY) or {}).get("stats") or []:
-                if isinstance(stats, dict):
-                    drafts += int(stats.get("drafts") or 0)
-                    accepted += int(stats.get("accepted_tokens") or 0)
+            for stats in turn_stats(record):
+                drafts += int(stats.drafts or 0)
+                accepted += int(stats.accepted_tokens or 0)
     return 1 + accepted / drafts if drafts else math.nan
 
 

@@ -28,6 +28,7 @@ from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import EXTRA_KEY
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASKS, subtask_of
+from specbench.core.record import TurnStats, turn_stats
 
 KEYS = ["dataset", "model", "temperature", "method", "run", "question_id", "category", "subtask", "turn"]
 MEASURES = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "drafted", "draft_accepted", "prefill_time"]
@@ -55,7 +56,7 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
     choice = record["choices"][0]
     extra = record.get(EXTRA_KEY) or {}
     prefill, sections = extra.get("prefill_time") or [], extra.get("sections") or []
-    stats = extra.get("stats") or []
+    stats = turn_stats(record)
     accepts = _accepts_by_turn(choice)
     if tokenizer is not None and "turns" not in choice:
         raise SpecbenchError(f"{run.source}: question {record['question_id']} has no answer text (choices[0].turns) "
@@ -74,10 +75,9 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
         yield row
 
 
-def _draft_counts(stats: Any) -> dict[str, float]:
+def _draft_counts(stats: TurnStats | None) -> dict[str, float]:
     """A turn's engine counters: draft tokens proposed and accepted (nan when not recorded)."""
-    stats = stats if isinstance(stats, dict) else {}
-    drafted, accepted = stats.get("drafted_tokens"), stats.get("accepted_tokens")
+    drafted, accepted = (stats.drafted_tokens, stats.accepted_tokens) if stats is not None else (None, None)
     if not isinstance(drafted, (int, float)) or not isinstance(accepted, (int, float)):
         return {"drafted": float("nan"), "draft_accepted": float("nan")}
     return {"drafted": float(drafted), "draft_accepted": float(accepted)}

@@ -6,28 +6,29 @@ from specbench.analysis.frame import OVERALL, speedups, tidy
 from specbench.analysis.runs import BASELINE, Run
 from specbench.core.answers import ANSWERS, ERRORS, read_answers
 from specbench.core.table import speedup_table
-from specbench.run.session import Session
+from specbench.run.runner import RunResult
 
 
-def session_runs(session: Session, method: str) -> list[Run]:
-    """The session's answers of `method` (this shard's folder, this session's questions), per run."""
-    cfg = session.cfg
-    wanted = {q.question_id for q in session.questions}
+def result_runs(result: RunResult, method: str) -> list[Run]:
+    """The run's answers of `method` read back from its files (this shard's folder, this run's
+    questions), per run."""
+    cfg = result.cfg
+    wanted = set(result.questions)
     runs = []
     for run in range(1, int(cfg.runs) + 1):
-        folder = session.run_dir(method, run)
+        folder = result.folder(method, run)
         records = [r for r in read_answers(folder / ANSWERS) if r["question_id"] in wanted]
         runs.append(Run(cfg.dataset.name, cfg.model.name, method, float(cfg.temperature), run, records,
                         source=folder))
     return runs
 
 
-def run_summary(session: Session) -> str:
-    """Speedup rows of each of the session's method runs (both under `budget=both`, filed as
+def run_summary(result: RunResult) -> str:
+    """Speedup rows of each of the run's method runs (both under `budget=both`, filed as
     <name> and <name>-fixed) against the baseline (report's numbers, `frame.speedups`)."""
-    cfg = session.cfg
-    names = [n for n in dict.fromkeys(session.labels) if n != BASELINE] or [cfg.method.name]
-    runs = [run for method in dict.fromkeys([BASELINE, *names]) for run in session_runs(session, method)]
+    cfg = result.cfg
+    names = [n for n in dict.fromkeys(result.labels) if n != BASELINE] or [cfg.method.name]
+    runs = [run for method in dict.fromkeys([BASELINE, *names]) for run in result_runs(result, method)]
     table = speedups(tidy(runs))
     lines = []
     where = f"{cfg.model.name} | {cfg.dataset.name} | temperature {cfg.temperature:g}"
@@ -51,7 +52,7 @@ def run_summary(session: Session) -> str:
                      "schedule=interleaved: the baseline and the methods answered each question in turn, so the "
                      "speedups are paired (answers already there were timed by the job that made them: `report` "
                      "says how)")
-    for outcome in session.failures():
+    for outcome in result.failures():
         lines.append(f"{outcome.label}: {outcome.failed} failed question(s) not in these numbers "
                      f"(listed in {outcome.folder / ERRORS})")
     return "\n".join(lines)

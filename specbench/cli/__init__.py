@@ -54,39 +54,46 @@ def _run(args: list[str]) -> int:
 
     registry = prepare(args)  # methods and kit models registered once, for the checks and the run
     check_overrides(args, registry)
-    if not {"-m", "--multirun"} & set(args):
-        check_compose(args, registry)
+    composed = None if {"-m", "--multirun"} & set(args) else check_compose(args, registry)
     stop_if_parse_only(args)
-    import hydra
+    if composed is not None and not any(a.startswith("-") for a in args):
+        return _run_job(composed)  # a plain run: its config composed once, by the check
+    import hydra  # Hydra's own flags (`--cfg job`, `-m` sweeps, `--config-dir`): Hydra's app composes
     from omegaconf import DictConfig
 
     from specbench.core.resources import CONFIG_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:
-        from specbench.analysis.summary import run_summary
-
-        try:
-            if cfg.backend.name == "local":
-                from specbench.run import session
-            else:  # an engine we did not write (configs/backend/)
-                from specbench.serving import session
-            done = session.run(cfg)
-            print(run_summary(done))
-            for outcome in done.failures():  # the last lines: what this run could not answer
-                print(f"warning: {outcome.label}: {outcome.failed} of {outcome.todo} questions failed "
-                      f"(first: {outcome.first_error}); listed in {outcome.folder / 'errors.jsonl'}",
-                      file=sys.stderr)
-        except SpecbenchError as exc:
-            if os.environ.get("SPECBENCH_VERBOSE"):
-                raise
-            sys.exit(_fail(exc))
+        if code := _run_job(cfg):
+            sys.exit(code)
 
     sys.argv = [f"{sys.argv[0]} run", *args]
     try:
         app()
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _run_job(cfg: object) -> int:
+    """One run of a composed config: the backend of configs/backend/ answers, the runner files the
+    answers; the summary table, read back from them, printed."""
+    from specbench.analysis.summary import run_summary
+    from specbench.run import runner
+
+    try:
+        done = runner.run(cfg)
+    except SpecbenchError as exc:
+        if os.environ.get("SPECBENCH_VERBOSE"):
+            raise
+        return _fail(exc)
+    except KeyboardInterrupt:
+        return 130
+    print(run_summary(done))
+    for outcome in done.failures():  # the last lines: what this run could not answer
+        print(f"warning: {outcome.label}: {outcome.failed} of {outcome.todo} questions failed "
+              f"(first: {outcome.first_error}); listed in {outcome.folder / 'errors.jsonl'}", file=sys.stderr)
     return 0
 
 

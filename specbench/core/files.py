@@ -14,10 +14,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import BinaryIO
 
 from filelock import FileLock, Timeout
+
+from specbench.core.errors import SpecbenchError
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
@@ -57,14 +60,37 @@ def exclusive(path: str | os.PathLike, waiting: str | None = None) -> Iterator[b
         lock.release()
 
 
+#: set within `find_only`: why nothing may be built there (a run's parts are built before its clock)
+_FIND_ONLY: ContextVar[str | None] = ContextVar("specbench_find_only", default=None)
+
+
+@contextmanager
+def find_only(why: str) -> Iterator[None]:
+    """Within the block a cached folder that is not built is an error (`check_buildable`) instead of a
+    build: resolving a path only finds. `why` ends the error's line (what should have built it)."""
+    token = _FIND_ONLY.set(why)
+    try:
+        yield
+    finally:
+        _FIND_ONLY.reset(token)
+
+
+def check_buildable(final: Path) -> None:
+    """A one-line error when `final` would be built inside `find_only`."""
+    if (why := _FIND_ONLY.get()) is not None:
+        raise SpecbenchError(f"{final} is not built; {why}")
+
+
 def build_once(final: Path, card: str, build: Callable[[Path], None], announce: str | None = None,
                rebuild: bool = False) -> Path:
     """The cached folder `final`, complete when its file `card` exists: when it is not (or `rebuild`),
     `replace_folder` builds it, under `final`'s lock file, so a second process waits and then reuses
-    it; `announce` is said on stderr when this process builds."""
+    it; `announce` is said on stderr when this process builds. Inside `find_only`, a folder to build
+    is an error."""
     final = Path(final)
     if (final / card).is_file() and not rebuild:
         return final
+    check_buildable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(final.with_name(final.name + ".lock")):
         if (final / card).is_file() and not rebuild:

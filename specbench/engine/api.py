@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import Question
+from specbench.core.record import TurnStats
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
@@ -83,13 +84,13 @@ class GenerationResult:
     tokens: every new token id, the first one included, truncated at the stop rule (an EOS
     that stopped generation is kept). accept_lengths: one entry per target forward after the
     prefill, the tokens that step emitted (bonus token included): all 1 for autoregressive
-    decoding. So `len(tokens) == 1 + sum(accept_lengths)`. stats: per-call extras for the
-    answer file (draft lengths, per-position acceptance, ...).
+    decoding. So `len(tokens) == 1 + sum(accept_lengths)`. stats: the turn's draft
+    statistics for the answer file (specbench.core.record.TurnStats).
     """
 
     tokens: list[int]
     accept_lengths: list[int]
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: TurnStats = field(default_factory=TurnStats)
 
 
 #: Keys every method config has besides its settings: they name, build and describe the method, and

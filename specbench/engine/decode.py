@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.record import TurnStats
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer, Timer
@@ -50,8 +51,8 @@ class NoStats:
     def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None) -> None:
         pass
 
-    def summary(self) -> dict[str, Any]:
-        return {}
+    def summary(self) -> TurnStats:
+        return TurnStats()
 
 
 class NoDraft(Drafter):
@@ -79,7 +80,7 @@ class Row:
     def result(self) -> GenerationResult:
         stats = self.stats.summary()
         if self.margins is not None:
-            stats["top2_margin"] = self.margins
+            stats.top2_margin = self.margins
         return GenerationResult(self.ctx.tokens, self.accept_lengths, stats)
 
 

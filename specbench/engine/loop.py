@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.record import TurnStats
 from specbench.core.sampling import SamplingParams, next_token
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
@@ -57,31 +57,22 @@ class StepStats:
         if proposed is not None:
             self.proposed.append(proposed)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TurnStats:
         """Totals, per-step draft lengths, and per-position acceptance: position_drafted[d] is
         the number of steps whose draft reached depth d + 1, position_accepted[d] how many of
         them had it accepted."""
         depth = max(self.draft_depths, default=0)
-        drafted = [sum(d > i for d in self.draft_depths) for i in range(depth)]
-        accepted = [sum(a > i for a in self.accepted) for i in range(depth)]
-        out: dict[str, Any] = {
-            "steps": len(self.draft_lengths),
-            "drafted_tokens": sum(self.draft_lengths),
-            "accepted_tokens": sum(self.accepted),
-            "draft_lengths": self.draft_lengths,
-            "position_drafted": drafted,
-            "position_accepted": accepted,
-        }
-        if self.draft_depths != self.draft_lengths:  # trees: depth and size differ
-            out["draft_depths"] = self.draft_depths
-        if self.draft_depths != self.draft_lengths or self.tree_steps or self.fallback:  # aux rows need the mask too
-            out["tree_steps"] = self.tree_steps
-        if self.fallback:
-            out["tree_fallback"] = self.fallback
-        if self.proposed:  # the draft budget chose the verified nodes (draft_lengths) out of these
-            out["budget"] = "auto"
-            out["proposed_lengths"] = self.proposed
-        return out
+        tree = self.draft_depths != self.draft_lengths  # trees: depth and size differ
+        return TurnStats(
+            steps=len(self.draft_lengths), drafted_tokens=sum(self.draft_lengths), accepted_tokens=sum(self.accepted),
+            draft_lengths=self.draft_lengths,
+            position_drafted=[sum(d > i for d in self.draft_depths) for i in range(depth)],
+            position_accepted=[sum(a > i for a in self.accepted) for i in range(depth)],
+            draft_depths=self.draft_depths if tree else None,
+            tree_steps=self.tree_steps if tree or self.tree_steps or self.fallback else None,  # aux rows need it
+            tree_fallback=self.fallback or None,
+            # the draft budget chose the verified nodes (draft_lengths) out of these
+            budget="auto" if self.proposed else None, proposed_lengths=self.proposed or None)
 
 
 class Annotated(Requests):

@@ -24,6 +24,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.record import TurnStats
 from specbench.core.sampling import SamplingParams
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import Timer
@@ -134,7 +135,7 @@ class HfPeer(Method):
             emitted.append(min(size, left))
             left -= emitted[-1]
         accept_lengths = [emitted[0] - 1, *emitted[1:]] if emitted else []
-        stats = {"target_forwards": forwards, "first_forward_tokens": sizes[0] if sizes else 0}
+        stats = TurnStats(counters={"target_forwards": forwards, "first_forward_tokens": sizes[0] if sizes else 0})
         return GenerationResult(tokens, accept_lengths, stats)
 
 

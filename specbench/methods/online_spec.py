@@ -227,8 +227,8 @@ class OnlineSpec(SpeculativeMethod):
         drafter = self.drafter
         drafter.updates, drafter.update_seconds, drafter.began = 0, 0.0, False
         result = super().decode(state, sampling, stop, timer)
-        result.stats["online_updates"] = drafter.updates
-        result.stats["online_update_seconds"] = round(drafter.update_seconds, 4)
+        result.stats.counters["online_updates"] = drafter.updates
+        result.stats.counters["online_update_seconds"] = round(drafter.update_seconds, 4)
         if drafter.began:  # a turn that ends at its first token never drafts: it is not in the stream
-            result.stats["online_turn"] = drafter.turns + 1  # this turn's place in the stream
+            result.stats.counters["online_turn"] = drafter.turns + 1  # this turn's place in the stream
         return result

@@ -164,7 +164,8 @@ class SpecDec(SpeculativeMethod):
 
     def annotate(self, result: GenerationResult) -> GenerationResult:
         if self.lossy:
-            result.stats["verification"] = f"{LOSSY_LABEL}: beta={self.settings.top_beta}, tau={self.settings.tau}"
+            lossy = f"{LOSSY_LABEL}: beta={self.settings.top_beta}, tau={self.settings.tau}"
+            result.stats.counters["verification"] = lossy
         return result
 
     def extra_parameters(self) -> int:

@@ -132,9 +132,10 @@ def backend_presets(overrides: list[str]) -> list[str] | None:
     return list(presets) if presets is not None else None
 
 
-def check_compose(overrides: list[str], registry: Registry | None = None) -> None:
-    """Compose once with Hydra's API so nested-key mistakes become one-line errors too (`registry`:
-    `prepare`'s; prepared here when not given)."""
+def check_compose(overrides: list[str], registry: Registry | None = None) -> DictConfig:
+    """The run's config composed with Hydra's API (what a plain run then runs: composed once), so
+    nested-key mistakes become one-line errors too (`registry`: `prepare`'s; prepared here when not
+    given)."""
     from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -145,7 +146,7 @@ def check_compose(overrides: list[str], registry: Registry | None = None) -> Non
         plain.append(f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]")
     with on_config_dir():
         try:
-            compose("config", overrides=plain)
+            return compose("config", overrides=plain)
         except (HydraException, OmegaConfBaseException) as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             cause = str(exc.__cause__ or "").strip().splitlines()
@@ -194,7 +195,7 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-#: `batch_mode` values (run.session.Session.answer_batch)
+#: `batch_mode` values (run.local.LocalBackend.answer_batch)
 BATCH_MODES = ("continuous", "static")
 
 

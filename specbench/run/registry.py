@@ -416,9 +416,12 @@ def in_scope(method_cfg: DictConfig, scope: dict) -> DictConfig:
                              "its YAML or override)") from None
 
 
-def build_method(method_cfg: DictConfig, target: LoadedModel, model_cfg: DictConfig) -> Method:
+def build_method(method_cfg: DictConfig, target: LoadedModel, model_cfg: DictConfig, *,
+                 resolved: bool = False) -> Method:
     """Instantiate the class named by the method config's `impl` (module.Class), its settings
-    resolved for `model_cfg` (a method's `${parts:NAME}` names the part built for that model)."""
-    model = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else {}
-    method_cfg = in_scope(method_cfg, {"model": model})
+    resolved for `model_cfg` (a method's `${parts:NAME}` names the part built for that model) unless
+    they are already (`resolved`: a run's, resolved once against the run's config)."""
+    if not resolved:
+        model = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else {}
+        method_cfg = in_scope(method_cfg, {"model": model})
     return load_impl(str(method_cfg.get("impl")), str(method_cfg.get("name")))(target, method_cfg, model_cfg)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from specbench.core.errors import SpecbenchError
+from specbench.core.record import TurnStats
 
 PREFIX = "vllm:"
 DRAFTS = "spec_decode_num_drafts"
@@ -44,9 +44,11 @@ class Counters:
                         tuple(a - b for a, b in zip(pad(self.per_pos), pad(before.per_pos), strict=True)),
                         self.generated - before.generated)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted,
-                "accepted_per_pos": list(self.per_pos), "generation_tokens": self.generated}
+    def stats(self, steps_exact: bool) -> TurnStats:
+        """A turn's counters (after minus before) as the answer record's statistics."""
+        return TurnStats(drafts=self.drafts, drafted_tokens=self.draft_tokens, accepted_tokens=self.accepted,
+                         position_accepted=list(self.per_pos), generation_tokens=self.generated,
+                         steps_exact=steps_exact)
 
 
 def parse(text: str) -> Counters:

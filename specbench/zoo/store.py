@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.core.compose import compose
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import exclusive, replace_folder
+from specbench.core.files import check_buildable, exclusive, replace_folder
 from specbench.core.resources import CONFIG_DIR, default_cache, env_folder
 
 #: Bump when a change of the zoo code changes what a build produces.
@@ -87,7 +87,9 @@ def _clear_leftovers(root: Path, digest: str) -> None:
 
 
 def check_may_build(what: Path) -> None:
-    """Refuse to build `what` where SPECBENCH_ZOO_BUILD=0 (`make test-fast`: a tier that must not need the zoo)."""
+    """Refuse to build `what` where SPECBENCH_ZOO_BUILD=0 (`make test-fast`: a tier that must not need the zoo),
+    and inside a run's timed part (specbench.core.files.find_only)."""
+    check_buildable(what)
     if os.environ.get(BUILD_VAR) == "0":
         raise SpecbenchError(f"{what} is not built and {BUILD_VAR}=0 forbids building it here (make test-fast runs "
                              f"without the zoo); run `python -m specbench zoo build`, or unset {BUILD_VAR}")
