@@ -207,3 +207,37 @@ def test_ship_keeps_the_parts_another_machine_shipped_and_names_the_unbuilt(kit,
     assert again["folders"].keys() == first["folders"].keys() and again["files"] == first["files"]
     assert (build.group_dir(kit, "drafts") / build.CARD).is_file()  # restored into the new cache
     assert all((head_dir(kit, name) / "part.json").is_file() for name in built if name != "drafts")
+
+
+def test_a_new_machine_makes_the_top_k_and_the_states_in_one_pass(kit, monkeypatch):
+    """Shards from elsewhere have neither the target's top-k nor its states here: one teacher-forced
+    forward per shard writes both (what a new machine's drafts and heads read), the same top-k as a
+    pass of its own gives."""
+    from specbench.kit import corpus as kc
+    from specbench.kit import features as kf
+
+    build.ensure_group(kit, "corpus")
+    restated = OmegaConf.merge(kit, {"build": {"states": {"fused": [0, 1, 2], "exit_layer": 2}}})
+    settings, place = build.corpus_place(restated)
+    assert not list(place.cache.glob(f"*.states-{build.shared_spec(restated).key()}.*"))  # not made here yet
+    model = build._load_target(restated, build.build_dtype(settings.dtype)).model
+    alone = {shard: kc.teacher_topk(model, kc.read_rows(place.rows_file(shard)), settings.topk) for shard in (0, 1)}
+    for shard in (0, 1):
+        place.topk_file(shard).unlink()
+    passes = []
+    real = kf.compute_states
+    monkeypatch.setattr(kf, "compute_states", lambda *a, **k: passes.append(k.get("topk")) or real(*a, **k))
+    monkeypatch.setattr(kc, "teacher_topk", lambda *a, **k: pytest.fail("a second pass for the top-k"))
+    rows, held = build.split_rows(restated, build.read_corpus(build.ensure_group(restated, "corpus")))
+    soft = build.soft_targets(restated, rows + held)
+    assert passes == [settings.topk, settings.topk]  # one forward per shard: top-k and states together
+    build.corpus_states(restated, rows, build._load_target(restated, torch.float32)).ensure()
+    assert passes == [settings.topk, settings.topk]  # the states were written by those passes
+    assert [len(ids) for ids, _ in soft] == [len(r["answer_ids"]) for r in rows + held]
+    for shard in (0, 1):
+        ids, logp = kc.read_topk(place, shard)
+        want_ids = torch.cat([g.topk_ids for g in alone[shard]])
+        want_logp = torch.cat([g.topk_logp for g in alone[shard]]).float()
+        assert torch.allclose(logp.float(), want_logp, atol=2e-2)
+        clear = want_logp[:, 0] - want_logp[:, 1] > 0.05  # the top-1 where no near-tie can flip it
+        assert torch.equal(ids[clear, 0], want_ids[clear, 0])

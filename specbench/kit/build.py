@@ -397,6 +397,46 @@ def _pca_embeddings(target: torch.nn.Module, width: int) -> torch.Tensor:
     return emb @ vectors[:, -width:].flip(-1)  # the target's own scale along those directions
 
 
+def teacher_pass(kit: DictConfig, shards: list[int]) -> None:
+    """A new machine's heavy step done once: where a shard has neither its top-k file (distillation)
+    nor its states file (every head, `build.states`), both come from one teacher-forced forward of the
+    target (specbench.kit.features.compute_states with topk). A shard with one of them gets the other
+    by a pass of its own (`ensure_topk`, `ensure_states`), as a machine that made the shard has its top-k."""
+    from specbench.kit.corpus import read_rows, save_topk
+    from specbench.kit.features import compute_states, save_states, states_file
+
+    settings, place = corpus_place(kit)
+    spec = shared_spec(kit)
+    loaded: list[Any] = []
+    for shard in shards:
+        if place.topk_file(shard).is_file() or states_file(place.cache, shard, spec).is_file():
+            continue
+        if not loaded:
+            loaded.append(_load_target(kit, build_dtype(settings.dtype)).model)
+        start = time.perf_counter()
+        rows = read_rows(place.rows_file(shard))
+        out = compute_states(loaded[0], rows, spec, topk=settings.topk)
+        save_topk(place.topk_file(shard), out.pop("topk_ids"), out.pop("topk_logp"))
+        save_states(states_file(place.cache, shard, spec), out)
+        tokens = sum(len(r["prompt_ids"]) + len(r["answer_ids"]) for r in rows)
+        print(f"specbench: target top-k and states of corpus shard {shard} (one pass): {tokens} tokens in "
+              f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def shared_spec(kit: DictConfig) -> Any:
+    """The states one pass per corpus shard keeps for every head (`build.states`): the final-norm
+    state, EAGLE-3's fused layers and PPD's exit state, for the kit's target's depth."""
+    from transformers import AutoConfig
+
+    from specbench.heads.eagle3 import feature_layers
+    from specbench.kit.features import StateSpec
+
+    kept = state_settings(kit)
+    n_layers = int(AutoConfig.from_pretrained(ensure_target(kit)).num_hidden_layers)
+    return StateSpec(final=True, fused=tuple(feature_layers(n_layers, kept["fused"])),
+                     exit_layer=int(kept["exit_layer"] or n_layers // 2))
+
+
 def soft_targets(kit: DictConfig, rows: list[dict]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The target's top-k (ids, log-probabilities) at each answer position of `rows` (rows of
     `corpus.jsonl`), from the shards' cached top-k (recomputed once where a shard came from the
@@ -409,6 +449,7 @@ def soft_targets(kit: DictConfig, rows: list[dict]) -> list[tuple[torch.Tensor, 
         wanted.setdefault(int(r["shard"]), set()).add(int(r["row"]))
     found: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     target: list[Any] = []
+    teacher_pass(kit, sorted(wanted))
 
     def loader() -> torch.nn.Module:
         if not target:
@@ -513,17 +554,13 @@ def corpus_states(kit: DictConfig, rows: list[dict], target: Any) -> Any:
     """The target's states over `rows` of the kit's corpus for its heads (specbench.kit.heads): the
     final-norm state, the fused layers and the exit state of `build.states` (`state_settings`), per shard,
     computed once per machine (in the corpus's dtype) beside the shards in the cache."""
-    from specbench.heads.eagle3 import feature_layers
     from specbench.kit.corpus import read_rows
-    from specbench.kit.features import StateSpec
     from specbench.kit.heads import CorpusStates
 
     settings, place = corpus_place(kit)
-    kept = state_settings(kit)
-    n_layers = int(target.model.config.num_hidden_layers)
-    spec = StateSpec(final=True, fused=tuple(feature_layers(n_layers, kept["fused"])),
-                     exit_layer=int(kept["exit_layer"] or n_layers // 2))
+    spec = shared_spec(kit)
     shard_rows = {shard: read_rows(place.rows_file(shard)) for shard in sorted({int(r["shard"]) for r in rows})}
+    teacher_pass(kit, sorted(shard_rows))  # a new machine's top-k from the same forward as these states
     loaded: list[Any] = []
 
     def loader() -> torch.nn.Module:

@@ -430,10 +430,16 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def write_topk(path: Path, made: Sequence[Generated]) -> None:
-    from safetensors.torch import save_file
-
     ids = torch.cat([g.topk_ids for g in made]) if made else torch.empty(0, 0, dtype=torch.int32)
     logp = torch.cat([g.topk_logp for g in made]) if made else torch.empty(0, 0, dtype=torch.float16)
+    save_topk(path, ids, logp)
+
+
+def save_topk(path: Path, ids: torch.Tensor, logp: torch.Tensor) -> None:
+    """A shard's top-k file (every answer position of its rows, in order), written whole, then renamed."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file({"ids": ids.contiguous(), "logp": logp.contiguous()}, str(tmp))
     tmp.replace(path)

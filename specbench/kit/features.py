@@ -60,12 +60,16 @@ def kept_from(prompt: int) -> int:
 
 @torch.inference_mode()
 def compute_states(model: torch.nn.Module, rows: Sequence[dict], spec: StateSpec,
-                   batch_tokens: int = 8192) -> dict[str, torch.Tensor]:
+                   batch_tokens: int = 8192, topk: int = 0) -> dict[str, torch.Tensor]:
     """The states of `spec` over `rows` (prompt + answer, teacher-forced, right-padded batches of
-    similar length), flat: each row's kept positions one after another, in row order; bfloat16."""
-    norm = model.get_decoder().norm
+    similar length), flat: each row's kept positions one after another, in row order; bfloat16.
+    With `topk`, from the same forward also the target's top-k log-probabilities at every answer
+    position (`topk_ids` int32, `topk_logp` float16: what distillation reads; the LM head runs on
+    the answer positions only)."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"]) + len(rows[i]["answer_ids"]))
-    parts: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in spec.names()}
+    names = spec.names() + (["topk_ids", "topk_logp"] if topk else [])
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in names}
     lo = 0
     while lo < len(order):
         hi = lo + 1
@@ -79,7 +83,8 @@ def compute_states(model: torch.nn.Module, rows: Sequence[dict], spec: StateSpec
             seq = rows[i]["prompt_ids"] + rows[i]["answer_ids"]
             ids[b, :len(seq)] = torch.tensor(seq)
             mask[b, :len(seq)] = 1
-        states = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False).hidden_states
+        out = decoder(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        states = out.hidden_states
         for b, i in enumerate(picked):
             keep = slice(kept_from(len(rows[i]["prompt_ids"])), _length(rows[i]))
             if spec.final:
@@ -87,7 +92,12 @@ def compute_states(model: torch.nn.Module, rows: Sequence[dict], spec: StateSpec
             if spec.fused:
                 parts["fused"].append((i, torch.cat([states[j][b, keep] for j in spec.fused], -1).to(torch.bfloat16)))
             if spec.exit_layer:
-                parts["exit"].append((i, norm(states[spec.exit_layer][b, keep]).to(torch.bfloat16)))
+                parts["exit"].append((i, decoder.norm(states[spec.exit_layer][b, keep]).to(torch.bfloat16)))
+            if topk:  # position t predicts token t + 1: the answer's tokens from the prompt's last position on
+                p, a = len(rows[i]["prompt_ids"]), len(rows[i]["answer_ids"])
+                top = torch.log_softmax(head(out.last_hidden_state[b, p - 1:p + a - 1]).float(), -1).topk(topk, -1)
+                parts["topk_ids"].append((i, top.indices.to(torch.int32)))
+                parts["topk_logp"].append((i, top.values.to(torch.float16)))
         lo = hi
     return {name: torch.cat([t for _, t in sorted(found, key=lambda x: x[0])]) for name, found in parts.items()}
 
@@ -103,21 +113,25 @@ def states_file(cache: Path, shard: int, spec: StateSpec) -> Path:
 def ensure_states(cache: Path, shard: int, rows: Sequence[dict], spec: StateSpec,
                   loader: Callable[[], torch.nn.Module]) -> Path:
     """The shard's states file, computed once per machine (written whole, then renamed)."""
-    from safetensors.torch import save_file
-
     path = states_file(cache, shard, spec)
     if path.is_file():
         return path
     start = time.perf_counter()
-    states = compute_states(loader(), rows, spec)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in states.items()}, str(tmp))
-    tmp.replace(path)
+    save_states(path, compute_states(loader(), rows, spec))
     tokens = sum(_length(r) for r in rows)
     print(f"specbench: target states of corpus shard {shard}: {tokens} tokens in {time.perf_counter() - start:.0f} s",
           file=sys.stderr, flush=True)
     return path
+
+
+def save_states(path: Path, states: dict[str, torch.Tensor]) -> None:
+    """A states file written whole, then renamed into place."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.contiguous() for k, v in states.items()}, str(tmp))
+    tmp.replace(path)
 
 
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64,
