@@ -16,6 +16,7 @@ from specbench.core.resources import CONFIG_DIR
 from specbench.models import RESOLVERS, register_resolver
 from specbench.run import runner
 from specbench.run.local import LocalBackend
+from specbench.run.prepare import prepare_parts
 
 
 def test_a_folder_is_never_built_inside_find_only(tmp_path):
@@ -46,7 +47,7 @@ def fake_parts(tmp_path, tiny_models):
 
 
 def test_prepare_parts_builds_each_named_part_once_with_one_line(fake_parts, capsys):
-    runner.prepare_parts(["fakepart:a", "hub-org/model", "fakepart:a", "fakepart:b", "drafting: a fact"])
+    prepare_parts(["fakepart:a", "hub-org/model", "fakepart:a", "fakepart:b", "drafting: a fact"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("part ")]
     assert fake_parts == ["a", "b"] and [line.split(":")[1] for line in lines] == ["a", "b"]
 

@@ -10,7 +10,6 @@ same command resumes. The summary printed after a run is read back from the answ
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -38,11 +37,11 @@ from specbench.core.answers import (
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import find_only
 from specbench.core.record import stamp
-from specbench.models import find_resolver, resolve_path
 from specbench.run.backend import Backend, MethodRun, backend_class
 from specbench.run.config import check_values, selected_subtasks
 from specbench.run.dataset import check_writable, load_dataset
 from specbench.run.interrupts import interrupt_flag
+from specbench.run.prepare import FIND_ONLY, prepare_parts
 from specbench.run.provenance import comparable_identity
 from specbench.run.shards import shard, shard_dir
 
@@ -256,24 +255,6 @@ class Runner:
             errors.write({"question_id": question.question_id, "category": question.category,
                           "method": lane.method.label, "run": lane.run, "error": reason, "tstamp": time.time()})
         return reason
-
-
-#: why a part cannot be built once the run has prepared its parts
-FIND_ONLY = ("a run builds every part it names before its clock starts (model.path, model.draft, the methods' "
-             "settings); build this one with `specbench zoo build` or `specbench kit build KIT --parts PART`")
-
-
-def prepare_parts(specs: list[str]) -> None:
-    """Build before the clock: every `prefix:NAME` part the run names (the zoo's, a kit's: specbench.models'
-    resolvers) built, fetched or restored where this machine has not got it yet, one line each (a
-    builder shows its own progress). Hub ids and folders are the model loader's."""
-    for spec in dict.fromkeys(specs):
-        prefix, sep, _ = spec.partition(":")
-        if not sep or not prefix.isidentifier() or os.path.exists(spec) or find_resolver(prefix) is None:
-            continue
-        start = time.perf_counter()
-        path = resolve_path(spec)
-        print(f"part {spec}: {path} ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
 
 
 def write_metas(lanes: list[Lane], failing: bool = False) -> None:
