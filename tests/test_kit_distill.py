@@ -306,7 +306,8 @@ def test_heads_on_a_corpus_learn_only_where_drafting_starts_and_window_near_the_
 
 def test_eagles_held_out_chain_is_exact_for_a_head_that_predicts_the_targets_own_states(tiny_models, tmp_path):
     from specbench.kit.features import StateSpec
-    from specbench.kit.heads import CorpusStates, eagle_chain
+    from specbench.kit.heads import CorpusStates, chain_acceptance
+    from specbench.methods.eagle import Eagle
 
     target = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32).model
     gen = torch.Generator().manual_seed(3)
@@ -335,5 +336,6 @@ def test_eagles_held_out_chain_is_exact_for_a_head_that_predicts_the_targets_own
     for row in rows:  # one row at a time: the oracle knows the row it is asked about
         oracle.row = row["prompt_ids"] + row["answer_ids"]
         one = CorpusStates([row], {0: rows}, tmp_path, StateSpec(final=True), lambda: target, 0)
-        assert eagle_chain(oracle, one, target, depth=3, context=4) == [1.0, 1.0, 1.0]
+        next_state = lambda *a: Eagle.heldout_next_state(oracle, *a)  # noqa: E731 - EAGLE's own step
+        assert chain_acceptance(next_state, one, target, depth=3, context=4) == [1.0, 1.0, 1.0]
     assert held.view("final").shape[0] == 3

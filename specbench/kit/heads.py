@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,10 +84,6 @@ class CorpusStates:
         return sum(len(r["answer_ids"]) for r in self.rows)
 
 
-#: the heads whose agreement `heldout_agreement` measures (SpecDec's drafter is measured by its runs)
-HELDOUT_KINDS = ("medusa", "hydra", "eagle", "eagle3", "ppd")
-
-
 @dataclass
 class CorpusHeadData(HeadData):
     """A recipe's data on a kit's corpus (specbench.heads.recipe): every training row's states from the
@@ -126,46 +122,61 @@ class CorpusHeadData(HeadData):
         return self.states.drafting_positions
 
     def heldout(self, kind: str, head: torch.nn.Module) -> dict:
-        """Top-1 agreement per depth on the held-out rows (`heldout_agreement`); for EAGLE also the chain
-        it drafts on its own states (`eagle_chain`: EAGLE-2's tree runs on the same head)."""
+        """Top-1 agreement per depth on the held-out rows (`heldout_agreement`, scored by the method's own
+        `heldout_score`); where the method drafts a chain on its own states (`heldout_next_state`: EAGLE,
+        whose head EAGLE-2's tree also runs on), that chain's acceptance per depth too."""
+        from specbench.run.registry import discover
+
         held = self._held_now or self.held
-        if kind not in HELDOUT_KINDS or held is None or not held.rows:
+        cls = discover().recipe(kind)[0]
+        if getattr(cls, "heldout_score", None) is None or held is None or not held.rows:
             return {}
         start = time.perf_counter()
-        out: dict[str, Any] = {"heldout_top1": [round(v, 4) for v in
-                                                heldout_agreement({kind: head}, held, self.target)[kind]]}
-        if kind == "eagle":
-            chain = eagle_chain(head, held, self.target)
+        agreement = heldout_agreement(lambda row: cls.heldout_score(head, row), held, self.target)
+        out: dict[str, Any] = {"heldout_top1": [round(v, 4) for v in agreement]}
+        if getattr(cls, "heldout_next_state", None) is not None:
+            chain = chain_acceptance(lambda *a: cls.heldout_next_state(head, *a), held, self.target)
             out["heldout_chain"] = [round(v, 4) for v in chain]
             out["heldout_mean_accepted_chain"] = round(1 + sum(chain), 4)
         out["heldout_seconds"] = round(time.perf_counter() - start, 1)
         return out
 
 
+@dataclass
+class HeldRow:
+    """One held-out row at its drafting positions, as a method's `heldout_score` reads it: the states
+    over `span` (some prompt context, then the answer), the drafting positions `t` (indices into
+    `span`), the target's next token after each position of `span` (`choice`), its tokens `ids`, and
+    the target's embedding and LM head."""
+
+    index: int
+    ids: torch.Tensor
+    span: torch.Tensor
+    t: torch.Tensor
+    final: torch.Tensor
+    choice: torch.Tensor
+    lm_head: torch.nn.Module
+    embed: torch.nn.Module
+    held: CorpusStates
+
+    def fused(self) -> torch.Tensor:
+        """EAGLE-3's fused states over `span` but its last position."""
+        return self.held.view("fused")[torch.tensor(self.index), self.span[:-1]]
+
+    def exits(self) -> torch.Tensor:
+        """The exit layer's states over `span` (PPD)."""
+        return self.held.view("exit")[torch.tensor(self.index), self.span]
+
+
 @torch.no_grad()
-def heldout_agreement(heads: dict[str, Any], held: CorpusStates, target: torch.nn.Module,
-                      max_positions: int = 40_000) -> dict[str, list[float]]:
+def heldout_agreement(score: Callable[[HeldRow], Iterable[tuple[int, torch.Tensor]]], held: CorpusStates,
+                      target: torch.nn.Module, max_positions: int = 40_000) -> list[float]:
     """Top-1 agreement with the target at held-out drafting positions (never a training row),
-    teacher-forced: per head for Medusa and Hydra (head k: the token k + 2 ahead), the first
-    drafted token for EAGLE (its predicted feature through the LM head), EAGLE-3 (its first step,
-    on the fused states) and PPD (the exit head). Rows are read in order until `max_positions`."""
-    if not held.rows:
-        return {}
+    teacher-forced, per depth: `score(row)` gives (depth, agreement at each position) pairs (a
+    method's `heldout_score`). Rows are read in order until `max_positions`."""
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
     final = held.view("final")
-    fused = held.view("fused") if "eagle3" in heads else None
-    exits = held.view("exit") if "ppd" in heads else None
-    hits: dict[str, torch.Tensor] = {}
-    seen: dict[str, torch.Tensor] = {}
-
-    def count(name: str, depth: int, agree: torch.Tensor) -> None:
-        size = max(depth + 1, len(hits.get(name, ())))
-        for store in (hits, seen):
-            old = store.get(name, torch.zeros(0))
-            store[name] = torch.cat([old, torch.zeros(size - len(old))])
-        hits[name][depth] += float(agree.sum())
-        seen[name][depth] += agree.numel()
-
+    hits, seen = torch.zeros(0), torch.zeros(0)
     done = 0
     for r, row in enumerate(held.rows):
         if done >= max_positions:
@@ -177,42 +188,23 @@ def heldout_agreement(heads: dict[str, Any], held: CorpusStates, target: torch.n
         first = max(0, p - 1 - 64)  # some prompt context for the heads that attend (kept states reach back further)
         span = torch.arange(first, n)
         f = final[torch.tensor(r), span]
-        choice = lm_head(f).argmax(-1)  # the target's next token after each position
         t = torch.arange(p - 1 - first, n - 1 - first)  # drafting positions, relative to `first`
         done += len(t)
-        if "medusa" in heads:
-            logits = heads["medusa"](f[t], lm_head)
-            for k in range(logits.shape[-2]):
-                ok = t + k + 1 < len(span)
-                count("medusa", k, logits[ok, k].argmax(-1) == choice[t[ok] + k + 1])
-        if "hydra" in heads:
-            hydra = heads["hydra"]
-            x = f[t]
-            for k in range(hydra.num_heads):
-                ok = t + k + 1 < len(span)
-                x = torch.cat([x, embed(ids[(span[0] + t + k + 1).clamp(max=n - 1)]).float()], -1)
-                count("hydra", k, hydra.head(k, x)[ok].argmax(-1) == choice[t[ok] + k + 1])
-        if "eagle" in heads:
-            pred = heads["eagle"](embed(ids[span[1:]])[None].float(), f[:-1][None], span[:-1][None])[0]
-            count("eagle", 0, lm_head(pred[t]).argmax(-1) == choice[t + 1])
-        if "eagle3" in heads and fused is not None:
-            head = heads["eagle3"]
-            h = fused[torch.tensor(r), span[:-1]]
-            out = head(embed(ids[span[1:]])[None].float(), h[None], span[:-1][None], head.new_cache())[0]
-            drafted = head.target_ids()[head.draft_logits(out[t]).argmax(-1)]
-            count("eagle3", 0, drafted == choice[t + 1])
-        if "ppd" in heads and exits is not None:
-            e = exits[torch.tensor(r), span]
-            count("ppd", 0, heads["ppd"](e[t], lm_head).argmax(-1) == choice[t])
-    return {name: (hits[name] / seen[name].clamp(min=1)).tolist() for name in hits}
+        for depth, agree in score(HeldRow(r, ids, span, t, f, lm_head(f).argmax(-1), lm_head, embed, held)):
+            if depth >= len(hits):
+                hits, seen = (torch.cat([x, torch.zeros(depth + 1 - len(x))]) for x in (hits, seen))
+            hits[depth] += float(agree.sum())
+            seen[depth] += agree.numel()
+    return (hits / seen.clamp(min=1)).tolist()
 
 
 @torch.no_grad()
-def eagle_chain(head: torch.nn.Module, held: CorpusStates, target: torch.nn.Module, *, depth: int = 5,
-                context: int = 64, max_positions: int = 1500) -> list[float]:
-    """EAGLE's chain acceptance per depth on held-out rows the target answered greedily: from a
-    drafting position t (the target's state f_t and its next token known), the head drafts `depth`
-    tokens in a row on its own predicted states, as it does at run time; depth d counts when the
+def chain_acceptance(next_state: Callable[..., torch.Tensor], held: CorpusStates, target: torch.nn.Module, *,
+                     depth: int = 5, context: int = 64, max_positions: int = 1500) -> list[float]:
+    """A feature-level head's chain acceptance per depth on held-out rows the target answered greedily:
+    from a drafting position t (the target's state f_t and its next token known), the head drafts
+    `depth` tokens in a row on its own predicted states (`next_state(embedded tokens, states,
+    positions)`: the state it drafts after them), as it does at run time; depth d counts when the
     first d drafted tokens all equal the target's (for a greedy row, the corpus's next tokens). The
     head sees `context` positions of teacher-forced states before t."""
     lm_head, embed = target.get_output_embeddings(), target.get_input_embeddings()
@@ -230,7 +222,7 @@ def eagle_chain(head: torch.nn.Module, held: CorpusStates, target: torch.nn.Modu
             tokens = ids[lo + 1:t + 2]  # x_{lo+1} .. x_{t+1}
             accepted = 0
             for d in range(depth):
-                pred = head(embed(tokens)[None].float(), feats[None], torch.arange(lo, lo + len(tokens))[None])[0, -1]
+                pred = next_state(embed(tokens).float(), feats, torch.arange(lo, lo + len(tokens)))
                 drafted = lm_head(pred).argmax(-1)
                 if int(drafted) != int(ids[t + 2 + d]):
                     break

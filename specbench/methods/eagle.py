@@ -20,6 +20,7 @@ greedy and sampled verification stay lossless with nothing method-specific in th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -321,6 +322,19 @@ class Eagle(SpeculativeMethod):
     Settings = EagleSettings
     Training = EagleTraining
 
+    @staticmethod
+    def heldout_score(head: Any, row: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        """The first drafted token (the predicted state through the LM head) against the target's, at a
+        held-out row's drafting positions (specbench.kit.heads.heldout_agreement)."""
+        pred = head(row.embed(row.ids[row.span[1:]])[None].float(), row.final[:-1][None], row.span[:-1][None])[0]
+        yield 0, row.lm_head(pred[row.t]).argmax(-1) == row.choice[row.t + 1]
+
+    @staticmethod
+    def heldout_next_state(head: Any, embedded: torch.Tensor, states: torch.Tensor,
+                           positions: torch.Tensor) -> torch.Tensor:
+        """The state the head drafts after `states` (the held-out chain: specbench.kit.heads.chain_acceptance)."""
+        return head(embedded[None], states[None], positions[None])[0, -1]
+
     @classmethod
     def train_head(cls, data: HeadData, settings: EagleTraining, out: Path) -> dict:
         """An EAGLE-1 head (feature regression + cross-entropy, noisy inputs), saved in the published layout."""
@@ -359,6 +373,14 @@ class Eagle3(SpeculativeMethod):
 
     Settings = Eagle2Settings
     Training = Eagle3Training
+
+    @staticmethod
+    def heldout_score(head: Any, row: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        """The first step's top-1 (on the fused states, mapped from the draft vocabulary) against the
+        target's token, at a held-out row's drafting positions (specbench.kit.heads.heldout_agreement)."""
+        out = head(row.embed(row.ids[row.span[1:]])[None].float(), row.fused()[None], row.span[:-1][None],
+                   head.new_cache())[0]
+        yield 0, head.target_ids()[head.draft_logits(out[row.t]).argmax(-1)] == row.choice[row.t + 1]
 
     @classmethod
     def train_head(cls, data: HeadData, settings: Eagle3Training, out: Path) -> dict:

@@ -10,6 +10,7 @@ the nodes that have children. Candidates are picked by rank (the tree's "choices
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,16 @@ class Hydra(SpeculativeMethod):
 
     Settings = HydraSettings
     Training = HydraTraining
+
+    @staticmethod
+    def heldout_score(heads: Any, row: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        """Head k (reading the k + 1 tokens before its own, teacher-forced) against the target's token
+        k + 2 ahead, at a held-out row's drafting positions (specbench.kit.heads.heldout_agreement)."""
+        x, n = row.final[row.t], len(row.ids)
+        for k in range(heads.num_heads):
+            ok = row.t + k + 1 < len(row.span)
+            x = torch.cat([x, row.embed(row.ids[(row.span[0] + row.t + k + 1).clamp(max=n - 1)]).float()], -1)
+            yield k, heads.head(k, x)[ok].argmax(-1) == row.choice[row.t[ok] + k + 1]
 
     @classmethod
     def train_head(cls, data: HeadData, settings: HydraTraining, out: Path) -> dict:

@@ -9,6 +9,7 @@ speculative sampling. The candidates are picked by rank, not sampled, so the tre
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,15 @@ class Medusa(SpeculativeMethod):
 
     Settings = MedusaSettings
     Training = MedusaTraining
+
+    @staticmethod
+    def heldout_score(heads: Any, row: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        """Head k's top-1 against the target's token k + 2 ahead, at a held-out row's drafting positions
+        (a kit's card: specbench.kit.heads.heldout_agreement, `row` a HeldRow)."""
+        logits = heads(row.final[row.t], row.lm_head)
+        for k in range(logits.shape[-2]):
+            ok = row.t + k + 1 < len(row.span)
+            yield k, logits[ok, k].argmax(-1) == row.choice[row.t[ok] + k + 1]
 
     @classmethod
     def train_head(cls, data: HeadData, settings: MedusaTraining, out: Path) -> dict:

@@ -19,6 +19,7 @@ plus a wider verify forward), not what k + 1 devices working in parallel would t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,12 @@ class Ppd(SpeculativeMethod):
     Settings = PpdSettings
     Training = PpdTraining
     batch_problem = SHARED_CACHE_BATCH_PROBLEM
+
+    @staticmethod
+    def heldout_score(head: Any, row: Any) -> Iterator[tuple[int, torch.Tensor]]:
+        """The exit head's top-1 on the exit layer's states against the target's own next token, at a
+        held-out row's drafting positions (specbench.kit.heads.heldout_agreement)."""
+        yield 0, head(row.exits()[row.t], row.lm_head).argmax(-1) == row.choice[row.t]
 
     @classmethod
     def train_head(cls, data: HeadData, settings: PpdTraining, out: Path) -> dict:
