@@ -97,7 +97,6 @@ class LocalBackend:
         self.guard = ContentionGuard(cfg.contention_threshold, device)  # from here: "before" the first run
         dtype = resolve_dtype(cfg.model.dtype or cfg.dtype, device)
         self.sampling = SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.top_k))
-        RESOLVED.clear()  # what this run resolves, not an earlier run's of the process (multirun, library use)
         self.target = load_model(
             cfg.model.path, device=device, dtype=dtype, trust_remote_code=bool(cfg.model.trust_remote_code)
         )

@@ -37,6 +37,7 @@ from specbench.core.answers import (
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import find_only
 from specbench.core.record import stamp
+from specbench.models import RESOLVED
 from specbench.run.backend import Backend, MethodRun, backend_class
 from specbench.run.config import check_values, selected_subtasks
 from specbench.run.dataset import check_writable, load_dataset
@@ -119,6 +120,7 @@ class Runner:
         """Every part the run names built first (`prepare_parts`); then every phase of the job (its
         methods answering in turn), `runs` times each, where resolving a path only finds. One Ctrl-C
         ends the run at the next question boundary, whichever phase it falls in."""
+        RESOLVED.clear()  # what this run resolves (its meta's weights_origin), not an earlier run's of the process
         prepare_parts(self.cls.parts(self.cfg, self.phases))
         with find_only(FIND_ONLY), interrupt_flag() as interrupted:
             self.interrupted = interrupted
