@@ -194,7 +194,7 @@ def test_batched_answers_equal_batch_one_and_record_their_batch(batched_runs, ba
             assert len(extra["batch"]) == len(record["choices"][0]["turns"])
             for turn, info in enumerate(extra["batch"]):
                 assert info["size"] == batch
-                assert 0 <= info["queued"] <= info["admitted"] <= info["finished"] <= info["wall_time"]
+                assert 0 <= info["queued"] <= info["admitted"] <= info["first"] <= info["finished"] <= info["wall_time"]
                 assert info["latency"] == pytest.approx(info["finished"] - info["admitted"])
                 sequences.setdefault((info["id"], info["wall_time"]), []).append(
                     (record["choices"][0]["wall_time"][turn], record["choices"][0]["new_tokens"][turn], info))
@@ -216,6 +216,9 @@ def test_report_adds_the_batch_table_and_figure_and_audits_against_batch_one(bat
         assert (root / "board" / name).is_file(), name
     rows = (root / "board" / "spec_bench-local-batch.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 3  # baseline and pld at 1, 2, 3
+    assert all(f"{name}_p{q}" in rows[0] for name in ("ttft", "tpot") for q in (50, 90, 99))
+    summary = (root / "board" / "spec_bench-local-batch.md").read_text()
+    assert "TTFT s p50 / p90 / p99" in summary and "Crossover" in summary
     table = (root / "board" / "spec_bench-local-batch-3.md").read_text()
     line = next(row for row in table.splitlines() if row.startswith("| pld ") and "equal" in row)
     assert "14/14 equal" in line  # 14 questions, compared with the batch-1 baseline
@@ -233,6 +236,29 @@ def test_bad_batch_settings_get_one_line_errors(batched_runs, extra, message):
     done = cli("run", *common, *extra, "baseline=false", cwd=root)
     assert done.code != 0 and message in done.err, done
     assert len([line for line in done.err.strip().splitlines() if line.startswith("error")]) == 1
+
+
+def test_serving_numbers_and_crossovers():
+    """TTFT from a turn's arrival to its first token (batch size 1: its prefill), TPOT per token after
+    the first, nearest-rank percentiles; a crossover is the first batch size below the baseline after
+    one above it."""
+    from specbench.analysis.batching import BatchPoint, crossovers, percentiles, turn_latencies
+
+    batched = {"choices": [{"new_tokens": [11, 1], "wall_time": [0.4, 0.1]}],
+               EXTRA_KEY: {"batch": [{"queued": 0.0, "admitted": 0.5, "first": 0.7, "finished": 1.7},
+                                     {"queued": 2.0, "admitted": 2.0, "first": 2.3, "finished": 2.3}]}}
+    assert list(turn_latencies(batched)) == [(pytest.approx(0.7), pytest.approx(0.1)), (pytest.approx(0.3), None)]
+    single = {"choices": [{"new_tokens": [5], "wall_time": [1.0]}], EXTRA_KEY: {"prefill_time": [0.2]}}
+    assert list(turn_latencies(single)) == [(0.2, pytest.approx(0.2))]
+    assert percentiles([float(i) for i in range(1, 101)]) == (50.0, 90.0, 99.0)
+    assert percentiles([]) is None
+
+    def point(method, batch, speedup):
+        return BatchPoint(method, batch, 1, 1.0, speedup, 0.0, 0.0, 1.0, None)
+
+    points = [point("a", 1, 1.3), point("a", 2, 1.1), point("a", 4, 0.8), point("a", 8, 1.2),
+              point("b", 1, 0.9), point("b", 2, 0.7), point("c", 1, 1.2), point("c", 2, 1.0)]
+    assert crossovers(points) == {"a": 4}  # b was never faster, c never fell below
 
 
 def test_the_batch_sweep_preset_lists_the_sizes():

@@ -12,7 +12,15 @@ from helpers import assert_matches_baseline, chi_square_p, cli, method_cfg, samp
 from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftTree, Verdict, verify_sampled
-from specbench.engine.budget import AcceptanceModel, BudgetPolicy, CostCurve, OnlineFit, monotone
+from specbench.engine.budget import (
+    PROBE_MAX,
+    AcceptanceModel,
+    BudgetPolicy,
+    CostCurve,
+    OnlineFit,
+    Plan,
+    monotone,
+)
 from specbench.run.registry import build_method, method_label
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -114,6 +122,74 @@ def test_batch_size_moves_the_budget():
     four.curve.batch = 4
     tree = confident_chain(confidence=0.9)
     assert 1 <= four.select(tree, 10).n < one.select(tree, 10).n
+
+
+def test_zero_nodes_is_a_choice_off_probes():
+    """Nodes too unlikely for what a wider step costs: outside a probe nothing is verified (the step is
+    the plain one); a probe still verifies the likeliest node (what is never verified is never learnt)."""
+    tree = confident_chain(5, confidence=0.02)
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 * rows))
+    assert policy.choose([tree], 10, [5], Plan("all", False))[0].n == 0
+    assert policy.choose([tree], 10, [5], Plan("all", True))[0].n == 1
+
+
+def test_one_width_for_the_batch():
+    """Rows of a batch share the step's width (the forward pads to the longest block): a row with a
+    sure chain buys a width the other rows fill with their own likeliest nodes, up to what they have."""
+    sure, unsure, empty = confident_chain(6, 0.99), confident_chain(6, 0.3), DraftTree.empty()
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.03 + 0.001 * rows))
+    policy.curve.batch = 3
+    kept = policy.choose([sure, unsure, empty], 10, [6, 6, 0], Plan("all", True))
+    assert kept[0].n == 6 and kept[1].n == 6 and kept[2].n == 0  # width bought by the sure row, free for the next
+    steep = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.003 + 0.01 * rows))
+    steep.curve.batch = 3
+    kept = steep.choose([sure, unsure, empty], 10, [6, 6, 0], Plan("all", False))
+    assert kept[0].n == kept[1].n < 6  # one width for both
+
+
+def drafting_costs(policy: BudgetPolicy, seconds: float) -> None:
+    for _ in range(200):  # the fit forgets the older costs
+        policy.draft_fit.add(6.0, seconds)
+
+
+def test_drafting_stops_where_it_does_not_pay_and_probes_ever_less():
+    """A drafter that costs three plain steps per proposal and is rarely right: after its first
+    proposal no row drafts, except one row at probes spaced 1, 2, 4, ... up to PROBE_MAX steps apart;
+    when what it proposes becomes sure, every row drafts again."""
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.001 * rows))
+    policy.curve.batch = 4
+    drafting_costs(policy, 0.03)
+    rows = [confident_chain(6, 0.05) for _ in range(4)]
+    plans = []
+    for _ in range(2000):
+        plan = policy.plan(4, 10)
+        plans.append(plan.rows)
+        if plan.rows != "none":
+            policy.choose(rows, 10, [6] * 4, plan)
+    assert plans[0] == "all" and policy.gain < 1
+    probes = [i for i, rows_ in enumerate(plans) if rows_ == "one"]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:4] == [2, 3, 5, 9] and max(gaps) == PROBE_MAX + 1 and gaps[-1] == PROBE_MAX + 1
+    assert plans.count("none") > 0.95 * len(plans)
+    sure = [confident_chain(6, 0.999) for _ in range(4)]
+    drafting_costs(policy, 0.0001)
+    for _ in range(2 * PROBE_MAX):
+        plan = policy.plan(4, 10)
+        if plan.rows != "none":
+            policy.choose(sure, 10, [6] * 4, plan)
+    assert policy.gain >= 1 and policy.plan(4, 10) == Plan("all", True)
+
+
+def test_a_cheap_drafter_always_proposes():
+    """A drafter whose proposal costs under CHEAP of a plain step is asked every step even where
+    nothing pays: the choice verifies nothing then (outside probes), at no cost."""
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.01 * rows))
+    drafting_costs(policy, 0.0)
+    for _ in range(50):
+        plan = policy.plan(1, 10)
+        assert plan.rows == "all"
+        policy.choose([confident_chain(4, 0.01)], 10, [4], plan)
+    assert policy.gain < 1
 
 
 # --- sampling: pruned drafts keep the target's distribution --------------------------------------

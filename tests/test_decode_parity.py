@@ -121,3 +121,101 @@ def test_every_method_alone_and_interleaved_gives_the_same_answers(tmp_path):
             assert {q: tokens for q, (tokens, _, _) in answers.items()} == baseline, lane
         for tokens, accepted, steps in answers.values():
             assert len(tokens) + sum(accepted) == sum(len(t) for t in tokens) and len(accepted) == sum(steps), lane
+
+
+# --- the draft budget's skips: a drafter asked for nothing mid-answer catches up ------------------
+
+
+class Skipping:
+    """A draft budget that skips on a fixed pattern: every third step no row drafts, every third one
+    row only (in a batch), else all; it verifies all that is proposed and sets drafters no
+    thresholds (their presets), so what they propose depends on the skips alone."""
+
+    def __init__(self, skip: bool = True) -> None:
+        from specbench.engine.budget import BudgetPolicy, CostCurve
+
+        self.inner = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.001 * rows))
+        self.skip, self.steps = skip, 0
+
+    def plan(self, live, context):
+        from specbench.engine.budget import Plan
+
+        self.steps += 1
+        if self.skip and self.steps % 3 == 1:
+            return Plan("none", False)
+        if self.skip and self.steps % 3 == 2:
+            return Plan("one", True, self.steps % live)
+        return Plan("all", True)
+
+    def budget(self):
+        return None
+
+    def choose(self, trees, context, works, plan):
+        return trees
+
+    def __getattr__(self, name):  # the clock's and the verdicts' hooks
+        return getattr(self.inner, name)
+
+
+def recorded(drafter, seen: dict) -> None:
+    """Record each proposal the drafter makes (generated length -> tokens, parents)."""
+    propose = drafter.propose
+
+    def wrapped(ctx):
+        tree = propose(ctx)
+        if ctx.max_depth > 0:
+            seen[len(ctx.tokens)] = (tuple(tree.tokens.tolist()), tree.parents)
+        return tree
+
+    drafter.propose = wrapped
+
+
+#: drafters whose proposal depends on what they saw at earlier steps, not on the text alone
+STATEFUL = {"lookahead", "lookahead_cpu", "jacobi", "recycling", "online_spec", "noise"}
+
+
+@pytest.mark.parametrize("name", [n for n in BUILTINS if n not in ("baseline", "hf_assisted", "hf_pld")])
+def test_skipped_steps_keep_answers_and_drafts(zoo, name):
+    """Steps on which the budget drafts nothing (max_depth 0), for every row or all but one: every
+    answer is still the baseline's (batch size 1 and batches of 3), and a drafter that proposes from
+    the text alone proposes after skips exactly what it proposes without them, at every length
+    both runs drafted at (its state caught up; a chain's length may follow its own schedule)."""
+    target, model_cfg, prompts = zoo
+    method = registry.build_method(fixed(name), target, model_cfg)
+    if not hasattr(method, "policies"):
+        pytest.skip(f"{name} has no draft budget")
+    method.budget_mode = "auto"  # the policies below stand in for the measured one
+    baseline = registry.build_method(compose_method("baseline"), target, model_cfg)
+    stop = StopCriteria.build(target.eos_ids, 40)
+    want = [baseline.decode(baseline.prefill(p, GREEDY), GREEDY, stop, CpuTimer()).tokens for p in prompts]
+    lossy = str(compose_method(name).facts.verification).startswith("LOSSY")
+    proposals = {}
+    for skip in (True, False):
+        method.reset()
+        method.policies = {1: Skipping(skip), 3: Skipping(skip)}
+        seen: dict = {}
+        recorded(method.drafter, seen)
+        results = [method.decode(method.prefill(p, GREEDY), GREEDY, stop, CpuTimer()) for p in prompts[:1]]
+        del method.drafter.propose
+        proposals[skip] = seen
+        if not lossy:
+            assert results[0].tokens == want[0], (name, skip)
+        if skip:
+            assert results[0].stats["budget_skipped"] > 0
+    common = proposals[True].keys() & proposals[False].keys()
+    assert common, name
+    if name not in STATEFUL:
+        for length in sorted(common):
+            (one, one_parents), (other, other_parents) = proposals[True][length], proposals[False][length]
+            if one_parents == tuple(range(-1, len(one) - 1)) and other_parents == tuple(range(-1, len(other) - 1)):
+                n = min(len(one), len(other))  # chains: their lengths may follow a schedule (SpS's K)
+                one, other = one[:n], other[:n]
+            else:
+                one, other = (one, one_parents), (other, other_parents)
+            assert one == other, (name, length)
+    if method.batch_problem is None and not lossy:
+        method.reset()
+        method.policies = {3: Skipping()}
+        requests = RequestList([Request(i, p, stop) for i, p in enumerate(prompts)])
+        method.generate_batch(requests, 3, GREEDY, CpuTimer())
+        assert [requests.results[i].tokens for i in range(len(prompts))] == want, name

@@ -10,11 +10,21 @@ Definitions (per method and batch size B, over every answer of its runs):
   summed over its turns; at B = 1 simply its wall time;
 - #mean accepted tokens per row-step = tokens emitted in decoding / target steps of that row
   (as at batch size 1: the batch's forward counts once per live row);
-- peak memory: the run's measured peak (meta `memory`, largest over runs).
+- peak memory: the run's measured peak (meta `memory`, largest over runs);
+- time to first token (TTFT) of a turn: from its arrival (queued; every first turn arrives at the
+  start, so queueing counts, as a server's clients see it) to its first token (its prefill done);
+  at batch size 1 its prefill time;
+- time per output token (TPOT) of a turn: from its first token to its last, per token after the
+  first; p50/p90/p99 over the turns (nearest rank);
+- crossover of a method: the smallest batch size at which it is slower than the baseline at that
+  size (speedup below 1), where it was faster at a smaller one; None where it never was faster
+  or never fell below.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +45,32 @@ class BatchPoint:
     latency_p90: float
     mean_accepted: float  # tokens per row-step
     peak_bytes: int | None
+    ttft: tuple[float, float, float] | None = None  # p50, p90, p99 (s)
+    tpot: tuple[float, float, float] | None = None  # p50, p90, p99 (s per token)
+
+
+def percentiles(values: list[float], at: tuple[float, ...] = (0.5, 0.9, 0.99)) -> tuple[float, ...] | None:
+    """Nearest-rank percentiles (None without values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return tuple(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] for q in at)
+
+
+def turn_latencies(record: dict[str, Any]) -> Iterator[tuple[float, float | None]]:
+    """Per turn: (time to first token, time per output token after the first or None)."""
+    choice, extra = record["choices"][0], record.get(EXTRA_KEY) or {}
+    batches = extra.get("batch") or []
+    prefills = extra.get("prefill_time") or []
+    for t, (tokens, wall) in enumerate(zip(choice["new_tokens"], choice["wall_time"], strict=False)):
+        batch = batches[t] if t < len(batches) and isinstance(batches[t], dict) else None
+        if batch is not None and "first" in batch:
+            first, decode = batch["first"] - batch.get("queued", 0.0), batch["finished"] - batch["first"]
+        elif t < len(prefills) and prefills[t] is not None:
+            first, decode = float(prefills[t]), float(wall) - float(prefills[t])
+        else:
+            continue
+        yield first, decode / (tokens - 1) if tokens > 1 else None
 
 
 def _latency(record: dict[str, Any]) -> float:
@@ -51,12 +87,32 @@ def _point(method: str, batch: int, runs: list[Run]) -> BatchPoint:
     accepts = [a for r in records for a in r["choices"][0].get("accept_lengths", [])]
     latencies = sorted(_latency(r) for r in records)
     memory = method_memory(runs) or {}
+    turns = [t for r in records for t in turn_latencies(r)]
     return BatchPoint(
         method, batch, len({r["question_id"] for r in records}), tokens / seconds if seconds else 0.0, None,
         sum(latencies) / len(latencies) if latencies else 0.0,
         latencies[min(len(latencies) - 1, int(0.9 * len(latencies)))] if latencies else 0.0,
         sum(accepts) / len(accepts) if accepts else 0.0, memory.get("peak_bytes"),
+        percentiles([first for first, _ in turns]), percentiles([each for _, each in turns if each is not None]),
     )
+
+
+def crossovers(points: list[BatchPoint]) -> dict[str, int]:
+    """Per method: the smallest batch size where it falls below the baseline after being above it."""
+    out: dict[str, int] = {}
+    series: dict[str, list[BatchPoint]] = {}
+    for p in points:
+        if p.method != BASELINE and p.speedup is not None:
+            series.setdefault(p.method, []).append(p)
+    for method, pts in series.items():
+        faster = False
+        for p in sorted(pts, key=lambda p: p.batch):
+            if p.speedup >= 1.0:
+                faster = True
+            elif faster:
+                out[method] = p.batch
+                break
+    return out
 
 
 def batch_points(groups: list[Group]) -> dict[tuple[str, str, float], list[BatchPoint]]:

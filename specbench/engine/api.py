@@ -62,6 +62,9 @@ class Requests:
     def finished(self, request: Request, result: GenerationResult) -> None:
         raise NotImplementedError
 
+    def started(self, request: Request) -> None:
+        """The request's prompt is prefilled and its first token chosen (time to first token)."""
+
 
 class RequestList(Requests):
     """Requests from a list, results collected by key (tests; a static batch)."""
@@ -219,7 +222,10 @@ class DraftContext:
     tokens is the engine's live list of generated tokens (read it, don't change it);
     tokens[-1] is the root of the tree to propose, not yet in the target's cache. Nodes
     deeper than max_depth are cut by the engine: they could only be accepted past the stop
-    rule's token budget, so a drafter saves work by not drafting them.
+    rule's token budget, so a drafter saves work by not drafting them. max_depth <= 0: propose
+    nothing (an empty tree) and do no drafting work, because the answer ends here or because the
+    draft budget skips this step (`method.budget=auto` where drafting does not pay); a drafter that
+    follows the text catches up at its next proposal (`ctx.tokens` holds every token).
     """
 
     input_ids: torch.Tensor  # (1, prompt_len)

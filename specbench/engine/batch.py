@@ -256,6 +256,8 @@ class BatchDecoder:
         with self.timer.section("prefill"):
             batch = prefill_batch(self.target, [r.input_ids for r in fresh], self.sampling, self.hidden_states)
         margins = self.decoder.margins
+        for request in fresh:
+            requests.started(request)
         joining = []
         for b, (request, state) in enumerate(zip(fresh, batch.rows, strict=True)):
             row = Row(DraftContext(state.input_ids, list(state.tokens), self.sampling, self.target.device),

@@ -10,11 +10,18 @@ Three parts, all outside the verifier, so what is emitted never changes:
 - `AcceptanceModel`: the chance that a node is accepted once its parent is: the drafter's own
   confidence (`DraftTree.confidence`), calibrated against what the target accepted so far, where
   the tree is deterministic; else the running acceptance at the node's (depth, sibling rank).
-- `BudgetPolicy.select`: orders the proposal's nodes by their chance of being accepted (a parent
-  never after its child) and keeps the prefix that maximises expected tokens per second of the
-  step, (1 + expected accepted) / (drafting + verifying k + 1 rows). Before each proposal
-  `BudgetPolicy.budget` tells the drafter the chance a node must have to be worth drafting and
-  verifying, so drafters that build as they go (chains, EAGLE-2's levels) stop early.
+- `BudgetPolicy.choose`: orders each row's proposal by its nodes' chances of being accepted (a
+  parent never after its child) and picks the step's width, the same for every row of a batch
+  (the verification pads rows to the longest block): the one that maximises the step's expected
+  tokens per second, sum over rows of (1 + expected accepted) / (drafting + verifying the batch at
+  that width). Zero nodes is a valid choice. Before each proposal `BudgetPolicy.budget` tells the
+  drafter the chance a node must have to be worth drafting and verifying, so drafters that build as
+  they go (chains, EAGLE-2's levels) stop early.
+- `BudgetPolicy.plan`: whether the rows draft at all this step. The policy keeps the gain of
+  drafting (the best width's expected rate against the plain step's, every row drafting as the
+  drafted rows did); while it is below 1, drafters that cost more than `CHEAP` of a plain step
+  do not draft, except one row per probe, probes spaced ever further apart (up to `PROBE_MAX`
+  steps): speculation that does not pay on this device at this batch size costs almost nothing.
 
 Lossless under sampling: with draft probabilities (sampled drafts) only position-based rates are
 used, never a drawn token's own confidence, so which nodes are kept does not depend on the drawn
@@ -65,9 +72,20 @@ class CostCurve:
     seconds: list[list[float]]
     batch: int = 1
     _table: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
+    _lists: list[list[float]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def time(self, rows: int, context: float = 0.0) -> float:
-        return float(self.times(np.array([rows]), context)[0])
+        """`times` at one row count (plain floats: called every step)."""
+        if self._lists is None:
+            self._lists = self._dense().tolist()
+        lists = self._lists
+        if rows >= len(lists[0]):
+            return float(self.times(np.array([rows]), context)[0])
+        if len(lists) == 1:
+            return lists[0][rows]
+        c0, c1 = self.contexts[0], self.contexts[-1]
+        lo, hi = lists[0][rows], lists[-1][rows]
+        return max(lo + (context - c0) / (c1 - c0) * (hi - lo), 0.0)
 
     def times(self, rows: np.ndarray, context: float = 0.0) -> np.ndarray:
         """Seconds at each of `rows` (whole numbers >= 0) at `context` cached positions."""
@@ -220,6 +238,13 @@ class OnlineFit:
         return a + b * x
 
 
+#: the longest run of steps without drafting where drafting does not pay: then one row probes
+PROBE_MAX = 128
+#: a drafter whose expected seconds per row are below this share of a plain step's per row always
+#: proposes (the width chosen decides what is verified); a dearer one stops drafting where it does not pay
+CHEAP = 0.01
+GAIN_MEMORY = 0.5  # weight of the previous gain in the running gain (drafted steps only)
+SWITCH_ON = 1.1  # where drafting had stopped, the gain a probe must show to start it again
 #: calibration bins of a drafter's confidence (equal width over [0, 1])
 CONF_BINS = 20
 PRIOR = 2.0  # pseudo-observations behind every prior
@@ -384,9 +409,23 @@ class Budget:
         return gain >= self.tokens_per_s * self.unit_cost
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Which rows draft this step (`rows`: every row, or the one row `probe_row`, or none) and
+    whether at least one node must be verified (`probe`: what is never verified is never learnt)."""
+
+    rows: str  # "all" | "one" | "none"
+    probe: bool
+    probe_row: int = 0
+
+    def drafts(self, i: int) -> bool:
+        return self.rows == "all" or (self.rows == "one" and i == self.probe_row)
+
+
 @dataclass
 class BudgetPolicy:
-    """One per method run (all rows of a batch share it): the two models and the choice."""
+    """One per method run and batch size (all rows of a batch share it): the two models, whether
+    to draft (`plan`) and what to verify (`choose`)."""
 
     curve: CostCurve
     accept: AcceptanceModel = field(default_factory=AcceptanceModel)
@@ -394,22 +433,43 @@ class BudgetPolicy:
     def __post_init__(self) -> None:
         self.verify_fit = OnlineFit(slope=1.0)  # measured verify seconds ~ a + b * curve seconds
         self.draft_fit = OnlineFit(slope=None, bounded=False)  # measured draft seconds ~ a + b * drafter work
-        self.rate_now = 0.0  # the chosen prefix's expected tokens per second, last step
-        self.marginal = 0.0  # seconds one more verified row costs there
+        self.rate_now = 0.0  # the chosen width's expected tokens per second (the batch's), last step
+        self.marginal = 0.0  # seconds one more verified node costs there (a row's share of a wider step)
+        self.gain: float | None = None  # running gain of drafting: best expected rate / the plain step's
+        self.interval = 1  # steps between probes while drafting does not pay (doubling to PROBE_MAX)
+        self.wait = 0  # steps until the next probe
+        self.turn = 0  # the row that probes next (round robin)
+        self.work = 0.0  # a drafting row's work at the last drafted step (its drafter's units)
+        self.steps = self.skipped = 0  # steps planned, and steps on which no row drafted
+        self.last = "all"  # the previous step's plan (its rows)
+        self.timed = True  # this step's drafting is timed for the fit: the previous step drafted every row
 
     # -- the models -----------------------------------------------------------------------------
 
+    def step_time(self, widths: np.ndarray, context: float) -> np.ndarray:
+        """Seconds of the batch's verification forward at each block width (rows per batch row)."""
+        a, b = self.verify_fit.coefficients()
+        return np.maximum(a + b * self.curve.times(widths, context), 1e-9)
+
+    def plain_time(self, rows: int, context: float) -> float:
+        """`step_time` at one width (plain floats: called every step)."""
+        a, b = self.verify_fit.coefficients()
+        return max(a + b * self.curve.time(rows, context), 1e-9)
+
     def verify_time(self, rows: np.ndarray, context: float) -> np.ndarray:
         """A row's share of a step verifying `rows` rows per batch row (the batch shares the forward)."""
-        a, b = self.verify_fit.coefficients()
-        return (a + b * self.curve.times(rows, context)) / self.curve.batch
+        return self.step_time(rows, context) / self.curve.batch
 
-    def draft_time(self, work: int) -> float:
+    def draft_time(self, work: float) -> float:
         return max(self.draft_fit(float(work)), 0.0)
 
     def draft_seen(self, work: float, share: float = 1.0) -> Callable[[float], None]:
         """Where a step's measured drafting seconds go (`work` units of the drafter; a batch's
-        rows each count their `share` of the step's drafting)."""
+        drafting rows each count their `share` of the step's drafting). Not after a step on which a
+        row did not draft: the drafter then catches up on the text it skipped, which is no cost of
+        the proposal's size (the fit keeps what drafting cost while it drafted)."""
+        if not self.timed:
+            return lambda seconds: None
         return lambda seconds: self.draft_fit.add(float(work), seconds * share)
 
     def verify_seen(self, rows: int, context: float) -> Callable[[float], None]:
@@ -423,36 +483,94 @@ class BudgetPolicy:
         unit = max(self.draft_fit.coefficients()[1], 0.0)
         return Budget(self.rate_now, self.marginal, unit, self.accept.calibrate, self.accept.rate)
 
-    def select(self, tree: DraftTree, context: float, work: int | None = None) -> DraftTree:
-        """The prefix of `tree`'s nodes, by chance of acceptance, with the most expected tokens per
-        second of the step (its drafting, `work` units, counted in); the aux block (Lookahead's
-        window) is always kept."""
-        n = tree.n
-        aux = tree.aux.k if tree.aux is not None else 0
-        draft = self.draft_time(n if work is None else work)
-        if n == 0:
-            self._remember(np.array([1.0]), draft, 0, context, aux)
-            return tree
-        probs = self.accept.node_probs(tree)
-        order = np.argsort(-probs, kind="stable")  # a parent's chance >= its child's: parents first
-        value = np.concatenate([[1.0], 1.0 + np.cumsum(probs[order])])
-        k = self._remember(value, draft, n, context, aux)
-        if k == n:
-            return tree
-        keep = sorted(order[:k].tolist())
-        return tree.prune(keep) if tree.aux is not None else tree.select(keep)
+    def plan(self, live: int, context: float) -> Plan:
+        """Whether the `live` rows draft this step: all of them while drafting pays (or before
+        anything is known); else only a drafter too cheap to matter, or one row at a probe."""
+        plan = self._plan(live, context)
+        self.timed, self.last = self.last == "all", plan.rows
+        return plan
 
-    def _remember(self, value: np.ndarray, draft: float, n: int, context: float, aux: int) -> int:
-        """The best number of nodes (value[k]: expected tokens with the first k); it sets the rate
-        of that choice and what one more row would cost there."""
-        verify = self.verify_time(np.arange(n + 2) + 1 + aux, context)  # 0..n nodes, and one more
-        rates = value / np.maximum(draft + verify[:-1], 1e-9)
-        # At least the likeliest node when there is one: what is never verified is never learnt (a
-        # pessimistic start would otherwise stay pessimistic), and one row costs little.
-        k = max(int(np.argmax(rates)), min(n, 1))
+    def _plan(self, live: int, context: float) -> Plan:
+        self.steps += 1
+        if self.gain is None or self.gain >= 1.0:
+            return Plan("all", True)
+        probe = self.wait <= 0
+        if probe:
+            self.wait = self.interval
+            self.interval = min(2 * self.interval, PROBE_MAX)
+        else:
+            self.wait -= 1
+        plain = self.plain_time(1, context)
+        if self.draft_time(self.work) <= CHEAP * plain / live:
+            return Plan("all", probe)
+        if probe:
+            self.turn += 1
+            return Plan("one", True, self.turn % live)
+        self.skipped += 1
+        self.rate_now = live / plain  # what a node must beat: the plain step
+        self.marginal = (self.plain_time(2, context) - plain) / live
+        return Plan("none", False)
+
+    def choose(self, trees: list[DraftTree], context: float, works: list[float], plan: Plan) -> list[DraftTree]:
+        """What each row verifies: per row the likeliest nodes first; one width for the batch, the
+        one with the most expected tokens per second of the step (the drafting rows' drafting,
+        `works` units each, counted in); aux blocks (Lookahead's window) always kept."""
+        live = len(trees)
+        drafting = [i for i in range(live) if plan.drafts(i)]
+        if not drafting:
+            return trees
+        orders, values = {}, []
+        for i in drafting:
+            tree = trees[i]
+            if tree.n:
+                probs = self.accept.node_probs(tree)
+                orders[i] = np.argsort(-probs, kind="stable")  # a parent's chance >= its child's: parents first
+                values.append(np.concatenate([[1.0], 1.0 + np.cumsum(probs[orders[i]])]))
+            else:
+                values.append(np.ones(1))
+        most = max(len(v) for v in values) - 1
+        aux = max((t.aux.k for t in trees if t.aux is not None), default=0)
+        verify = self.step_time(np.arange(most + 2) + 1 + aux, context)  # 0..most nodes, and one more
+        drafted = np.zeros(most + 1)
+        for v in values:  # a row's value at k nodes: its first min(k, n) nodes
+            drafted[: len(v)] += v
+            drafted[len(v):] += v[-1]
+        draft = sum(self.draft_time(works[i]) for i in drafting)
+        rates = (drafted + (live - len(drafting))) / np.maximum(draft + verify[:-1], 1e-9)
+        k = int(np.argmax(rates))
+        if plan.probe:
+            k = max(k, min(most, 1))
         self.rate_now = float(rates[k])
-        self.marginal = max(float(verify[k + 1] - verify[k]), 0.0)
-        return k
+        self.marginal = max(float(verify[k + 1] - verify[k]), 0.0) / live
+        # The gain of drafting as the drafters did (their work counted in full): every row drafting as
+        # the drafting rows did, at the best width, against the plain step.
+        each = len(drafting)
+        plain = self.plain_time(1, context)
+        best = float(np.max(drafted / (draft + verify[:-1] * each / live)))
+        self._learn_gain(best * plain / live, sum(works[i] for i in drafting) / each)
+        out = list(trees)
+        for i in drafting:
+            tree = trees[i]
+            keep = min(k, tree.n)
+            if keep == tree.n:
+                continue
+            kept = sorted(orders[i][:keep].tolist())
+            out[i] = tree.prune(kept) if tree.aux is not None else tree.select(kept)
+        return out
+
+    def _learn_gain(self, gain: float, work: float) -> None:
+        """A drafted step's gain joins the running one; where drafting pays again, probes stop."""
+        drafting = self.gain is None or self.gain >= 1.0
+        self.gain = gain if self.gain is None else GAIN_MEMORY * self.gain + (1 - GAIN_MEMORY) * gain
+        self.work = work
+        if not drafting and self.gain < SWITCH_ON:
+            self.gain = min(self.gain, 1.0 - 1e-9)  # not drafting: back on only past SWITCH_ON (no flapping)
+        if self.gain >= 1.0:
+            self.interval, self.wait = 1, 0
+
+    def select(self, tree: DraftTree, context: float, work: int | None = None) -> DraftTree:
+        """One row's choice (batch size 1): `choose` with that row drafting."""
+        return self.choose([tree], context, [tree.n if work is None else work], Plan("all", True))[0]
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         self.accept.observe(tree, verdict)

@@ -48,7 +48,8 @@ def top2_margin(logits: torch.Tensor) -> float:
 class NoStats:
     """Counters that record nothing (the baseline's answers record the top-2 margins instead)."""
 
-    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None) -> None:
+    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None,
+               skipped: bool = False) -> None:
         pass
 
     def summary(self) -> TurnStats:
@@ -137,11 +138,15 @@ class Decoder:
         if policy is not None and self.drafting is None:
             self.drafting = self.clock.now()
         pasts = [forward.past(i) for i in range(len(rows))]
+        context = sum(pasts) / len(rows)
+        plan = policy.plan(len(rows), context) if policy is not None else None
         trees, proposed, works = [], [], []
         with timer.section("draft"):
-            for row, past in zip(rows, pasts, strict=True):
+            for i, (row, past) in enumerate(zip(rows, pasts, strict=True)):
                 ctx = row.ctx
                 ctx.max_depth = row.stop.max_new_tokens - len(ctx.tokens) - 1
+                if plan is not None and not plan.drafts(i):
+                    ctx.max_depth = 0  # the budget's skip: the drafter proposes nothing and does no work
                 ctx.budget = policy.budget() if policy is not None else None
                 tree = row.drafter.propose(ctx)
                 work = tree.n if tree.work is None else tree.work
@@ -151,12 +156,15 @@ class Decoder:
                     tree = tree.select(list(range(tree.n))).truncate(self.context - past - 1)
                 proposed.append(tree.n)
                 works.append(work)
-                if policy is not None:
-                    tree = policy.select(tree, past, work)
                 trees.append(tree)
-        if policy is not None:
+            if plan is not None:
+                trees = policy.choose(trees, context, works, plan)
+        if plan is not None:
             drafted = self.clock.now()
-            self.clock.span(self.drafting, drafted, policy.draft_seen(sum(works) / len(rows), share=1 / len(rows)))
+            drafting = [w for i, w in enumerate(works) if plan.drafts(i)]
+            if drafting:  # a step without drafting tells nothing of the drafter's cost
+                self.clock.span(self.drafting, drafted, policy.draft_seen(sum(drafting) / len(drafting),
+                                                                          share=1 / len(drafting)))
         modes = []
         for i, row in enumerate(rows):
             trees[i], mode = forward.prepare(i, row, trees[i])
@@ -166,8 +174,7 @@ class Decoder:
             verdicts = [self.verify(tree, scored.logits[i, : tree.n + 1], sampling) for i, tree in enumerate(trees)]
         forward.keep(verdicts)
         if policy is not None:
-            self.clock.span(drafted, self.clock.now(),
-                            policy.verify_seen(max(t.rows for t in trees), sum(pasts) / len(rows)))
+            self.clock.span(drafted, self.clock.now(), policy.verify_seen(max(t.rows for t in trees), context))
             for tree, verdict in zip(trees, verdicts, strict=True):
                 policy.observe(tree, verdict)
         self.drafting = None
@@ -179,7 +186,8 @@ class Decoder:
             tokens.append(verdict.token)
             if row.margins is not None and self.margins is not None:
                 row.margins.append(self.margins(logits[:1]))
-            row.stats.record(tree, verdict, modes[i], proposed[i] if policy is not None else None)
+            row.stats.record(tree, verdict, modes[i], proposed[i] if policy is not None else None,
+                             skipped=plan is not None and not plan.drafts(i))
             cut = row.stop.cut(tokens, start)
             if cut is not None:
                 del tokens[cut:]

@@ -48,8 +48,11 @@ class StepStats:
     proposed: list[int] = field(default_factory=list)  # nodes the drafter proposed per step (budget=auto)
     tree_steps: int = 0
     fallback: str | None = None
+    skipped: int = 0  # steps on which the draft budget drafted nothing for this row (budget=auto)
 
-    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None) -> None:
+    def record(self, tree: DraftTree, verdict: Verdict, tree_mode: bool, proposed: int | None = None,
+               skipped: bool = False) -> None:
+        self.skipped += skipped
         self.draft_lengths.append(tree.n)
         self.draft_depths.append(tree.layout.max_depth)
         self.accepted.append(len(verdict.path))
@@ -72,7 +75,8 @@ class StepStats:
             tree_steps=self.tree_steps if tree or self.tree_steps or self.fallback else None,  # aux rows need it
             tree_fallback=self.fallback or None,
             # the draft budget chose the verified nodes (draft_lengths) out of these
-            budget="auto" if self.proposed else None, proposed_lengths=self.proposed or None)
+            budget="auto" if self.proposed else None, proposed_lengths=self.proposed or None,
+            counters={"budget_skipped": self.skipped} if self.proposed else {})
 
 
 class Annotated(Requests):
@@ -86,6 +90,9 @@ class Annotated(Requests):
 
     def finished(self, request: Request, result: GenerationResult) -> None:
         self.inner.finished(request, self.annotate(result))
+
+    def started(self, request: Request) -> None:
+        self.inner.started(request)
 
 
 class SpeculativeMethod(Method):

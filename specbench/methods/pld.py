@@ -84,10 +84,10 @@ class PldDrafter(Drafter):
             self.length = total
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        self._sync(ctx.tokens)
         limit = min(self.num_pred, ctx.max_depth)
         if limit <= 0:
-            return DraftTree.empty(ctx.device)
+            return DraftTree.empty(ctx.device)  # the buffer catches up at the next proposal
+        self._sync(ctx.tokens)
         found = lookup(self.buffer[: self.length], self.max_ngram, limit, self.match)
         return DraftTree.chain(found.to(ctx.device, non_blocking=True))
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from specbench.analysis.audit import NOISE  # noqa: E402
-from specbench.analysis.batching import BatchPoint  # noqa: E402
+from specbench.analysis.batching import BatchPoint, crossovers  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
 from specbench.core.answers import FIXED_SUFFIX  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
@@ -126,33 +126,47 @@ def figure6(groups: list[Group], base: Path) -> list[Path]:
 
 def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]:
     """Left: speedup at each batch size (method throughput / baseline throughput at the same size),
-    one line per method; right: throughput against batch size, the baseline included."""
+    one line per method, a preset dashed beside its adaptive twin, each crossover circled; middle:
+    throughput against batch size, the baseline included; right: median time per output token."""
     series: dict[str, list[BatchPoint]] = {}
     for p in points:
         series.setdefault(p.method, []).append(p)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = set(series)
+    crossed = crossovers(points)
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
     for method, pts in sorted(series.items()):
         pts = sorted(pts, key=lambda p: p.batch)
         xs = [p.batch for p in pts]
-        style = {"color": "black", "linestyle": "--"} if method == BASELINE else {"color": colour(method)}
-        right.plot(xs, [p.throughput for p in pts], marker="o", label=method, **style)
+        style = ({"color": "black", "linestyle": "--", "marker": "o"} if method == BASELINE
+                 else line_style(method, names))
+        middle.plot(xs, [p.throughput for p in pts], label=method, **style)
+        tpot = [(p.batch, p.tpot[0] * 1e3) for p in pts if p.tpot is not None]
+        if tpot:
+            right.plot(*zip(*tpot), label=method, **style)
         if method != BASELINE:
             speed = [(p.batch, p.speedup) for p in pts if p.speedup is not None]
             if speed:
-                left.plot(*zip(*speed), marker="o", label=method, **style)
+                left.plot(*zip(*speed), label=method, **style)
+            if method in crossed:
+                at = next(p for p in pts if p.batch == crossed[method])
+                left.plot([at.batch], [at.speedup], marker="o", markersize=13, markerfacecolor="none",
+                          markeredgecolor=colour(method), linestyle="none")
     left.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="baseline (1.00x)")
-    for ax in (left, right):
+    left.axhline(0.95, color="grey", linewidth=0.6, linestyle=":", label="0.95x")
+    sizes = sorted({p.batch for p in points})
+    for ax in (left, middle, right):
         ax.set_xscale("log", base=2)
-        sizes = sorted({p.batch for p in points})
         ax.set_xticks(sizes)
         ax.set_xticklabels([str(b) for b in sizes])
         ax.set_xlabel("Batch size")
     left.set_ylabel("Speedup at the same batch size (x)")
-    right.set_ylabel("Throughput (generated tokens / s of the batch)")
-    left.set_title("Speedup against batch size", fontsize=10)
-    right.set_title("Throughput against batch size", fontsize=10)
+    middle.set_ylabel("Throughput (generated tokens / s of the batch)")
+    right.set_ylabel("Time per output token, p50 (ms)")
+    left.set_title("Speedup (circled: crossover)", fontsize=10)
+    middle.set_title("Throughput against batch size", fontsize=10)
+    right.set_title("Time per output token", fontsize=10)
     fig.suptitle(title, fontsize=10)
-    left.legend(fontsize=8)
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, base)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.analysis.audit import NOISE, RECHECK_VERDICTS, STREAM_PARTS, above_floor
-from specbench.analysis.batching import BatchPoint, batch_points
+from specbench.analysis.batching import BatchPoint, batch_points, crossovers
 from specbench.analysis.frame import OVERALL
 from specbench.analysis.report import BASELINE, Group, MethodResult, budget_pairs, contention_note, schedule_note
 from specbench.core.errors import SpecbenchError
@@ -389,8 +389,27 @@ BATCH_NOTE = (
     "question's admission into a row of the batch (its prefill) until its row stopped, summed over its turns "
     "(batch size 1: its wall time; waiting in the queue is not counted); mean and 90th percentile over questions. "
     "#Mean accepted: tokens emitted per target step of a row. Peak memory: the "
-    "run's measured peak (the target's weights included)."
+    "run's measured peak (the target's weights included). TTFT (time to first token): from a turn's arrival "
+    "(every first turn arrives at the start, so waiting for a row counts, as a server's client sees it) to its "
+    "first token; batch size 1: its prefill. TPOT (time per output token): from a turn's first token to its "
+    "last, per token after the first. p50/p90/p99 over turns (nearest rank). A method named NAME-fixed runs "
+    "its published preset (`method.budget=fixed`); NAME alone the draft budget chosen per step "
+    "(`method.budget=auto`). Crossover: the smallest batch size at which a method is slower than the baseline "
+    "after being faster at a smaller one."
 )
+
+
+def _triple(values: tuple[float, float, float] | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if values is None else " / ".join(f"{v * scale:.{digits}f}" for v in values)
+
+
+def crossover_line(points: list[BatchPoint]) -> str:
+    """One sentence: each method's crossover batch size (where it has one)."""
+    found = crossovers(points)
+    if not found:
+        return "Crossover: no method falls below the baseline after being faster at a smaller batch size."
+    return "Crossover (smallest batch size slower than the baseline): " + ", ".join(
+        f"{method} {batch}" for method, batch in sorted(found.items(), key=lambda kv: (kv[1], kv[0]))) + "."
 
 
 def batch_stem(key: tuple[str, str, float]) -> str:
@@ -400,11 +419,21 @@ def batch_stem(key: tuple[str, str, float]) -> str:
 
 def batch_table(points: list[BatchPoint]) -> tuple[list[str], list[list[str]]]:
     headers = ["Method", "Batch size", "#Q", "Throughput tok/s", "Speedup", "Mean latency s", "p90 latency s",
-               "#Mean accepted", "Peak memory"]
+               "TTFT s p50 / p90 / p99", "TPOT ms p50 / p90 / p99", "#Mean accepted", "Peak memory"]
     rows = [[p.method, str(p.batch), str(p.questions), f"{p.throughput:.1f}",
              "-" if p.speedup is None else f"{p.speedup:.2f}x", f"{p.latency:.2f}", f"{p.latency_p90:.2f}",
-             f"{p.mean_accepted:.2f}", _bytes(p.peak_bytes)] for p in points]
+             _triple(p.ttft), _triple(p.tpot, 1e3, 1), f"{p.mean_accepted:.2f}", _bytes(p.peak_bytes)]
+            for p in points]
     return headers, rows
+
+
+def batch_row(point: BatchPoint) -> dict[str, Any]:
+    """A point as a CSV row: the percentile triples in columns of their own."""
+    row = {k: v for k, v in vars(point).items() if k not in ("ttft", "tpot")}
+    for name in ("ttft", "tpot"):
+        values = getattr(point, name) or (None, None, None)
+        row.update({f"{name}_p{q}": v for q, v in zip((50, 90, 99), values, strict=True)})
+    return row
 
 
 def batch_console(groups: list[Group]) -> str:
@@ -412,7 +441,7 @@ def batch_console(groups: list[Group]) -> str:
     parts = []
     for (dataset, model, temperature), points in batch_points(groups).items():
         parts.append(f"\nBatch sizes: {dataset} / {model} / temperature {temperature:g}\n\n"
-                     f"{markdown(*batch_table(points))}\n")
+                     f"{markdown(*batch_table(points))}\n{crossover_line(points)}\n")
     return "".join(parts)
 
 
@@ -423,9 +452,9 @@ def write_batches(groups: list[Group], out_dir: Path, figures: bool) -> list[Pat
         headers, rows = batch_table(points)
         md = out_dir / f"{batch_stem(key)}.md"
         title = f"{key[0]} / {key[1]} / temperature {key[2]:g}"
-        md.write_text(f"# Speedup against batch size: {title}\n\n{markdown(headers, rows)}\n\n{BATCH_NOTE}\n",
-                      encoding="utf-8")
-        frame = pd.DataFrame([vars(p) for p in points])
+        md.write_text(f"# Speedup against batch size: {title}\n\n{markdown(headers, rows)}\n\n"
+                      f"{crossover_line(points)}\n\n{BATCH_NOTE}\n", encoding="utf-8")
+        frame = pd.DataFrame([batch_row(p) for p in points])
         csv_path = out_dir / f"{batch_stem(key)}.csv"
         frame.round(4).to_csv(csv_path, index=False, na_rep="nan", lineterminator="\r\n", encoding="utf-8")
         written += [md, csv_path]

@@ -310,8 +310,9 @@ class LocalBackend:
         An answer's wall_time (and prefill time, sections) is its share of its sequence's, in
         proportion to its tokens: summed over answers they give the sequence's time, and tokens
         / seconds is the batch's throughput. `extra.batch` keeps, per turn, the sequence's own
-        numbers and when the turn was queued, admitted into a row and finished (seconds from the
-        sequence's start); its latency is finished - admitted (the wait before is queueing)."""
+        numbers and when the turn was queued, admitted into a row, had its first token (prefill
+        done) and finished (seconds from the sequence's start); its latency is finished - admitted
+        (the wait before is queueing)."""
         torch.manual_seed(int(self.cfg.seed))
         method.start_question()
         answers = [AnswerRecord(q) for q in questions]
@@ -396,6 +397,9 @@ class TurnQueue(Requests):
         self.backend.timer.mark(f"admitted {self.label(request.key)}")  # the method takes it into a row now
         return request
 
+    def started(self, request: Request) -> None:
+        self.backend.timer.mark(f"first {self.label(request.key)}")
+
     def finished(self, request: Request, result: GenerationResult) -> None:
         key = request.key
         self.backend.timer.mark(f"done {self.label(key)}")
@@ -417,10 +421,11 @@ class TurnQueue(Requests):
             label, share = self.label(key), len(result.tokens) / tokens
             queued = 0.0 if label in self.queued_at_start else timing.marks[f"queued {label}"]
             admitted, finished = timing.marks[f"admitted {label}"], timing.marks[f"done {label}"]
+            first = timing.marks.get(f"first {label}", admitted)  # a method without the hook: its admission
             turn = self.backend.turn(key.ids, request.stop, result, timing.total * share, prefill * share,
                                      {k: v * share for k, v in sections.items()},
-                                     batch={**info, "queued": queued, "admitted": admitted, "finished": finished,
-                                            "latency": finished - admitted})
+                                     batch={**info, "queued": queued, "admitted": admitted, "first": first,
+                                            "finished": finished, "latency": finished - admitted})
             key.answer.add(turn)
 
 
