@@ -186,7 +186,10 @@ def test_tree_steps_inside_the_window_and_chains_beyond(targets, arch):
 
 
 def method_cfg(name: str, **overrides):
-    return OmegaConf.merge(OmegaConf.load(REPO / "configs" / "method" / f"{name}.yaml"), overrides)
+    """The method's YAML on its preset (`budget=fixed`: every step verifies the preset's tree, which is
+    what the window's tests need), with `overrides`."""
+    return OmegaConf.merge(OmegaConf.load(REPO / "configs" / "method" / f"{name}.yaml"), {"budget": "fixed"},
+                           overrides)
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def test_repetitive_text_accepts_long_drafts(targets):
     target = targets["llama"]
     ids = prompt_of(target, ["the quick brown fox jumps over the lazy dog. " * 6])
     stop = StopCriteria.build((), 60)
-    result = run(build_method(method_cfg("suffix_local"), target, EMPTY), ids, stop)
+    result = run(build_method(method_cfg("suffix_local", budget="fixed"), target, EMPTY), ids, stop)
     assert result.tokens == baseline_tokens(target, ids, stop)
     assert sum(result.accept_lengths) / len(result.accept_lengths) > 1.5, result.accept_lengths
 

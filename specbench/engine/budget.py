@@ -546,8 +546,9 @@ class BudgetPolicy:
         # the drafting rows did, at the best width, against the plain step.
         each = len(drafting)
         plain = self.plain_time(1, context)
-        best = float(np.max(drafted / (draft + verify[:-1] * each / live)))
-        self._learn_gain(best * plain / live, sum(works[i] for i in drafting) / each)
+        if most:  # at least one node: what drafting buys (none verified is the plain step, less the drafting)
+            best = float(np.max(drafted[1:] / (draft + verify[1:-1] * each / live)))
+            self._learn_gain(best * plain / live, sum(works[i] for i in drafting) / each)
         out = list(trees)
         for i in drafting:
             tree = trees[i]
