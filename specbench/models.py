@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -301,6 +302,35 @@ def first_line(exc: BaseException) -> str:
     return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
+def load_tokenizer(spec: str, *, trust_remote_code: bool = False) -> tuple[PreTrainedTokenizerBase, Any]:
+    """A model's tokenizer and config (no weights): what a run needs to measure its inputs in tokens."""
+    path = resolve_path(spec)
+    check_folder(spec, path, trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code), config
+    except LOAD_ERRORS as exc:
+        raise SpecbenchError(f"cannot load the tokenizer of model '{spec}': {first_line(exc)}") from exc
+
+
+def tokens_beyond(tokenizer: PreTrainedTokenizerBase, rows: int) -> int | None:
+    """The largest token id a prompt can hold that an embedding of `rows` rows cannot read, else None: the
+    tokenizer's regular vocabulary, and the ids its chat template and BOS put into every prompt (an added
+    special token the prompts never hold, such as an unused unknown token, does no harm)."""
+    ids = [int(tokenizer.vocab_size) - 1]
+    if tokenizer.bos_token_id is not None:
+        ids.append(int(tokenizer.bos_token_id))
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
+            ids += [int(i) for i in rendered]
+        except Exception:  # noqa: BLE001 - a template that does not render is the run's own error, later
+            pass
+    largest = max(ids)
+    return largest if largest >= rows else None
+
+
 def load_model(
     spec: str, *, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False
 ) -> LoadedModel:
@@ -343,6 +373,13 @@ def load_model(
         raise SpecbenchError(
             f"model '{spec}': the checkpoint lacks {len(missing)} weight(s) the model needs (e.g. {missing[0]}), "
             "which would be random; the checkpoint is incomplete or for another architecture than config.json says"
+        )
+    rows = model.get_input_embeddings().weight.shape[0] if model.get_input_embeddings() is not None else None
+    if rows is not None and (beyond := tokens_beyond(tokenizer, rows)):
+        raise SpecbenchError(
+            f"model '{spec}': its tokenizer makes token ids up to {beyond} but its embedding has only {rows} rows "
+            "(config.json vocab_size), so a prompt can hold a token the model cannot read; pair the model with its "
+            "own tokenizer"
         )
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, path=path, device=device, dtype=dtype)

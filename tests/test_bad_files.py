@@ -90,6 +90,9 @@ MODEL_CASES = [
      r"the checkpoint lacks 1 weight\(s\) .*model.layers.1.mlp.up_proj.weight.*would be random"),
     ("config-vocab-not-the-checkpoints", lambda d: _config(d, vocab_size=100),
      r"do not have the shape config.json implies"),
+    ("vocab-smaller-than-tokenizer", lambda d: (_config(d, vocab_size=100), _tensors(d, lambda t: t.update(
+        {k: t[k][:100].clone() for k in ("model.embed_tokens.weight", "lm_head.weight") if k in t}))),
+     r"its tokenizer makes token ids up to \d+ but its embedding has only 100 rows .*pair the model with its own"),
     ("config-fewer-heads-than-layers-say", lambda d: _config(d, num_attention_heads=3),
      r"\(its config.json\): .*hidden size \(64\) is not a multiple of the number of attention heads \(3\)"),
     ("config-not-json", lambda d: (d / "config.json").write_text("{model_type: llama"),
@@ -524,6 +527,10 @@ CHECK_CASES = [
     ("a-folder", None, r"synthetic-tiny.json cannot be read"),
     ("speedup-zero", _ref_edit(lambda r: r["methods"]["fast"]["overall"].update(speedup=0)),
      r"fast / overall lacks a finite speedup \(> 0\)"),
+    ("methods-empty", _ref_edit(lambda r: r.update(methods={})), r"synthetic-tiny.json checks nothing"),
+    ("baseline-only", _ref_edit(lambda r: r.update(methods={"baseline": r["methods"]["baseline"]})),
+     r"checks nothing \(no method besides the baseline has a row\)"),
+    ("method-without-rows", _ref_edit(lambda r: r.update(methods={"fast": {}})), r"checks nothing"),
 ]
 
 
@@ -542,6 +549,16 @@ def test_bad_check_reference(results, reference, tmp_path, edit, pattern):
     before = snapshot(results)
     assert_one_line_error(cli("check", "--results", str(results), "--reference", str(folder), cwd=tmp_path), pattern)
     assert snapshot(results) == before
+
+
+def test_check_update_where_it_cannot_write_is_one_line(results, tmp_path):
+    """A reference folder that cannot be made (a file in its way; a read-only folder fails the same
+    way for a user who is not root) is one line naming the file, and nothing is left half-written."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    line = assert_one_line_error(cli("check", "--results", str(results), "--reference", str(blocker / "ref"),
+                                     "--update", cwd=tmp_path), r"cannot write reference .*synthetic-tiny.json")
+    assert "--reference" in line and blocker.read_text() == "not a folder"
 
 
 def test_check_names_an_unreadable_answer_file(results, reference, tmp_path):

@@ -166,7 +166,12 @@ def test_speedup_is_the_ratio_of_mean_throughputs(rows):
 RUN_CASES = [
     ("no-equals", ["temperature"], r"override 'temperature' has no '='"),
     ("unknown-key", ["temprature=0.5"], r"unknown key 'temprature'; available keys:"),
-    ("unknown-nested-key", ["model.pathh=x"], r"pathh.*prefix a new key with \+"),
+    ("unknown-nested-key", ["model.pathh=x"],
+     r"unknown key 'model.pathh' \(nothing reads it.*did you mean 'model.path'\?"),
+    ("unknown-plus-key", ["+temprature=0.9"], r"unknown key 'temprature' .*did you mean 'temperature'\?"),
+    ("unknown-plus-nested-key", ["+model.pth=x"], r"unknown key 'model.pth' .*did you mean 'model.path'\?"),
+    ("unknown-plus-dataset-key", ["+dataset.shuffle=1"], r"unknown key 'dataset.shuffle' .*the keys under 'dataset'"),
+    ("unknown-stop-string-key", ["model.stop_string=[a]"], r"did you mean 'model.stop_strings'\?"),
     ("unknown-method", ["method=nope"], r"unknown method 'nope'; available: .*baseline"),
     ("unknown-task", ["task=[qa,poetry]"], r"unknown task 'poetry'; available: all"),
     ("unknown-model", ["model=gpt9"], r"unknown model 'gpt9'; available:"),
@@ -176,6 +181,8 @@ RUN_CASES = [
     ("temperature-nan", ["temperature=nan"], r"temperature must be a finite number >= 0 .*, got nan"),
     ("temperature-inf", ["temperature=inf"], r"temperature must be a finite number >= 0 .*, got inf"),
     ("temperature-text", ["temperature=hot"], r"temperature must be a finite number"),
+    ("temperature-tiny", ["temperature=1e-45"], r"temperature=1e-45 is too small to sample with .* use temperature=0"),
+    ("temperature-subnormal", ["temperature=5e-324", "top_k=3"], r"is too small to sample with"),
     ("temperature-bool", ["temperature=true"], r"temperature must be a finite number"),
     ("top-p-high", ["top_p=1.5"], r"top_p must be in \(0, 1\]"),
     ("top-p-zero", ["top_p=0"], r"top_p must be in \(0, 1\]"),
@@ -221,6 +228,12 @@ RUN_CASES = [
     ("method-name-slash", ["method.name=a/b"], r"method.name must be a plain folder name"),
     ("dataset-name-hidden", ["dataset.name=.x"], r"dataset.name must be a plain folder name"),
     ("dataset-path-absent", ["dataset.path=/nonexistent/q.jsonl"], r"question file /nonexistent/q.jsonl not found"),
+    ("dataset-path-null", ["dataset.path=null"], r"dataset.path must be a path, got None; give a question file"),
+    ("output-dir-null", ["output_dir=null"], r"output_dir must be a path, got None; give a folder"),
+    ("output-dir-empty", ["output_dir="], r"output_dir must be a path, got ''"),
+    ("output-dir-blank", ["output_dir=' '"], r"output_dir must be a path, got ' '"),
+    ("length-text", ["length=long"], r"length must be a positive number of input tokens"),
+    ("length-too-long", ["length=100000"], r"length=100000 does not fit the context of .* \(512 positions\)"),
     ("method-impl-absent", ["method.impl=nowhere.Method"], r"nowhere"),
     ("method-impl-not-method", ["method.impl=pathlib.Path"], r"pathlib.Path"),
     ("method-setting-unknown", ["method=pld", "+method.num_pred=3"], r"method 'pld' has no setting 'num_pred'"),
@@ -253,11 +266,27 @@ def test_bad_run_settings(earlier, tiny_models, overrides, pattern):
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("typo", ["model.pathh=x", "+temprature=0.9", "+model.pth=x", "model.stop_string=[a]",
+                                  "+max_new_token=4", "+limt=1"])
+def test_each_suggested_key_is_one_that_works(earlier, typo):
+    """The key an unknown-key error suggests is taken: the same override with it passes the key check."""
+    import re
+
+    root, out, args = earlier
+    line = assert_one_line_error(cli(*args, typo, cwd=root), r"unknown key")
+    suggested = re.search(r"did you mean '([^']+)'", line).group(1)
+    fixed = f"{suggested}={typo.split('=', 1)[1]}"
+    again = cli(*args, fixed, "baseline=false", f"output_dir={out.parent / 'suggested'}", cwd=root)
+    assert "unknown key" not in again.err, again
+
+
 #: (id, command line, pattern): commands other than run, and run's command-line shape
 COMMAND_CASES = [
     ("unknown-command", ["frobnicate"], r"unknown command in 'frobnicate'; commands: run"),
     ("flags-before-report", ["-m", "report"], r"flags before 'report' only apply to run"),
     ("sweep-unknown-method", ["-m", "run", "method=pld,nope"], r"unknown method 'nope'"),
+    ("sweep-unknown-key", ["-m", "run", "+temprature=0.1,0.2"],
+     r"unknown key 'temprature' .*did you mean 'temperature'"),
     ("data-unknown-action", ["data", "frobnicate"], r"data: argument action: invalid choice"),
     ("data-seed-text", ["data", "synth", "--seed", "x"], r"argument --seed: invalid int value"),
     ("report-unknown-flag", ["report", "--colour"], r"unrecognized arguments: --colour"),
@@ -353,3 +382,37 @@ def test_resuming_over_a_damaged_meta_file(earlier, tmp_path, damage, pattern):
     before = snapshot(copy)
     assert_one_line_error(cli(*args, f"output_dir={copy}", cwd=root), pattern)
     assert snapshot(copy) == before
+
+
+def test_a_full_disk_before_the_first_meta_is_one_line(earlier, tmp_path, monkeypatch):
+    """The disk fills after the start's space check and before the first meta.json: one line, exit 2,
+    nothing half-written (no meta, no answers)."""
+    import errno
+
+    from specbench.core import answers
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(answers, "write_atomic", full)
+    root, _, args = earlier
+    out = tmp_path / "r"
+    assert_one_line_error(cli(*args, f"output_dir={out}", cwd=root),
+                          r"cannot write .*meta.json \(No space left on device\); free some space")
+    assert not [p for p in out.rglob("*") if p.is_file() and not p.name.endswith(".lock")]  # a folder's lock aside
+
+
+def test_any_other_write_that_fails_is_one_line(earlier, tmp_path, monkeypatch):
+    """A write no command names itself (here: the synthetic question file) on a read-only file system."""
+    import errno
+
+    from specbench.run import dataset
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(dataset, "write_atomic", read_only)
+    root, _, _ = earlier
+    assert_one_line_error(cli("run", f"dataset.path={tmp_path / 'q.jsonl'}", f"output_dir={tmp_path / 'r'}",
+                              "progress=false", cwd=root),
+                          r"cannot write .*q.jsonl \(Read-only file system\); free some space or make the folder")

@@ -172,16 +172,41 @@ def test_unknown_method_lists_every_source_and_how_to_add_one(tmp_path):
     assert "methods/<name>.yaml + methods/<name>.py" in line
 
 
-def test_bad_plugin_files_get_one_line_errors(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("text", "pattern"), [
+    ("name: mine\nimpl: mine.Mine\n", r"methods/mine.py does not exist"),
+    ("name: yours\nimpl: mine.Mine\n", r"write name: mine"),
+    ("name: mine\nimpl: mine.Mine\n  bad: [\n", r"cannot read method config .*mine.yaml: .* \(line 3\)"),
+    ("- a\n- b\n", r"mine.yaml is not a mapping"),
+    ("name: mine\n", r"mine.yaml has no impl"),
+], ids=["module-absent", "name-differs", "yaml-does-not-parse", "a-list", "no-impl"])
+def test_a_broken_plugin_is_left_out_in_one_line_and_named_when_asked_for(tmp_path, text, pattern):
+    """Other methods go on (the listing, a run of another method); asking for the broken one is its
+    one-line error, naming the file and the problem."""
+    import re
+
+    folder = tmp_path / "methods"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text(text)
+    listed = specbench("methods", "--names", cwd=tmp_path)
+    warnings = [x for x in listed.stderr.splitlines() if x.strip()]
+    assert listed.returncode == 0 and "pld" in listed.stdout.split(","), listed.stderr
+    assert len(warnings) == 1 and warnings[0].startswith("warning: method 'mine' left out: ") and re.search(
+        pattern, warnings[0]), warnings
+    asked = specbench("run", "method=mine", cwd=tmp_path)
+    errors = [x for x in asked.stderr.splitlines() if x.startswith("error")]
+    assert asked.returncode == 2 and "Traceback" not in asked.stderr and len(errors) == 1, asked.stderr
+    assert errors[0].startswith("error: method 'mine' cannot be used: ") and re.search(pattern, errors[0])
+
+
+def test_a_plugin_module_that_does_not_parse_is_one_line(tmp_path, monkeypatch):
     folder = tmp_path / "methods"
     folder.mkdir()
     (folder / "mine.yaml").write_text("name: mine\nimpl: mine.Mine\n")
-    assert "methods/mine.py does not exist" in one_line_error(specbench("methods", cwd=tmp_path))
-    (folder / "mine.yaml").write_text("name: yours\nimpl: mine.Mine\n")
-    assert "write name: mine" in one_line_error(specbench("methods", cwd=tmp_path))
-    (folder / "mine.yaml").write_text("name: mine\nimpl: mine.Mine\n")
-    (folder / "mine.py").write_text("class Mine:\n    pass\n")
+    (folder / "mine.py").write_text("def broken(:\n")
     monkeypatch.setenv(registry.METHODS_DIR_ENV, str(folder))
+    with pytest.raises(SpecbenchError, match=r"method 'mine': its module .*mine.py does not parse \(.*, line 1\)"):
+        registry.load_impl("mine.Mine", "mine")
+    (folder / "mine.py").write_text("class Mine:\n    pass\n")
     with pytest.raises(SpecbenchError, match="is not a specbench Method"):
         registry.load_impl("mine.Mine", "mine")
 

@@ -120,7 +120,8 @@ def batch_points(groups: list[Group]) -> dict[tuple[str, str, float], list[Batch
     and batch size (methods with answers at that size), sorted by method then batch size."""
     by_key: dict[tuple[str, str, float], list[Group]] = {}
     for group in groups:
-        by_key.setdefault((group.dataset, group.model, group.temperature), []).append(group)
+        if group.length is None:  # long inputs have their own table (analysis.lengths)
+            by_key.setdefault((group.dataset, group.model, group.temperature), []).append(group)
     out: dict[tuple[str, str, float], list[BatchPoint]] = {}
     for key, same in by_key.items():
         if len({g.batch for g in same}) < 2:

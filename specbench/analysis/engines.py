@@ -45,7 +45,7 @@ def pairs(groups: list[Group]) -> list[tuple[Group, Group | None]]:
     for group in groups:
         if (engine := engine_of(group)) is None or not group.results:
             continue
-        local = by_key.get((group.dataset, _local_model(group, engine), group.temperature, group.batch))
+        local = by_key.get((group.dataset, _local_model(group, engine), group.temperature, group.batch, group.length))
         out.append((group, local if local is not None and local.results else None))
     return out
 

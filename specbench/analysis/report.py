@@ -45,6 +45,7 @@ class MethodResult:
     audit: dict[str, Any] | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     contended: list[dict[str, Any]] = field(default_factory=list)  # runs.run_contention of its flagged runs
+    unverified: list[int] = field(default_factory=list)  # its runs without a meta.json (runs.check_identities)
     memory: dict[str, Any] | None = None  # runs.method_memory: measured peak and drafter weights
     stream: dict[str, Any] | None = None  # audit.stream_acceptance: acceptance across the question stream
     steps: dict[str, float | None] = field(default_factory=dict)  # audit.step_costs: nodes, draft, verify per step
@@ -125,6 +126,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.time_split = audit.time_split(group.frame[group.frame["method"] == name])
         result.facts = method_facts(runs)
         result.contended = [c for run in runs if (c := run_contention(run))]
+        result.unverified = [run.run for run in runs if run.unverified]
         result.memory = method_memory(runs)
         result.steps = costs.get(name, {})
         twin = str(result.facts.get("static_twin") or "")

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.analysis.records import check_failures, check_meta, check_records
-from specbench.core.answers import ANSWERS, ERRORS, META, read_answers, read_meta
+from specbench.core.answers import ANSWERS, ERRORS, EXTRA_KEY, META, read_answers, read_meta
 from specbench.core.errors import SpecbenchError
 
 BASELINE = "baseline"
@@ -35,17 +35,21 @@ class Run:
     skipped: str | None = None  # why its files could not be read: then it holds nothing and counts nowhere
     part_metas: list[dict[str, Any]] = field(default_factory=list)  # the meta of each part (shards) read
     batch: int = 1  # questions decoded together (the folder's batch-<B> level; 1 without it)
+    length: int | None = None  # long inputs: first turns of about this many tokens (the folder's len-<N> level)
+    unverified: str | None = None  # why what made its answers cannot be checked (a folder without meta.json)
 
 
 @dataclass
 class Group:
-    """The runs of one (dataset, model, temperature, batch size), by method; `report.analyse` fills the rest."""
+    """The runs of one (dataset, model, temperature, batch size, input length), by method; `report.analyse`
+    fills the rest."""
 
     dataset: str
     model: str
     temperature: float
     methods: dict[str, list[Run]]
     batch: int = 1
+    length: int | None = None  # long inputs (length=N): first turns of about N tokens; None: the questions as they are
     reference: list[Run] | None = None  # batched groups: the batch-1 baseline's runs (the lossless audit's reference)
     results: list[Any] = field(default_factory=list)  # report.MethodResult, best overall speedup first
     problems: list[str] = field(default_factory=list)
@@ -57,13 +61,14 @@ class Group:
     beside: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def key(self) -> tuple[str, str, float, int]:
-        return self.dataset, self.model, self.temperature, self.batch
+    def key(self) -> tuple[str, str, float, int, int | None]:
+        return self.dataset, self.model, self.temperature, self.batch, self.length
 
     @property
     def title(self) -> str:
         batch = f" / batch size {self.batch}" if self.batch > 1 else ""
-        return f"{self.dataset} / {self.model} / temperature {self.temperature:g}{batch}"
+        length = f" / inputs of about {self.length} tokens" if self.length is not None else ""
+        return f"{self.dataset} / {self.model} / temperature {self.temperature:g}{batch}{length}"
 
     def environment(self) -> dict[str, Any]:
         for runs in self.methods.values():
@@ -74,15 +79,17 @@ class Group:
 
 
 def read_run(folder: Path) -> Run:
-    """A run folder (`.../<dataset>/<model>/<method>/temp-<t>/[batch-<B>/]run-<r>`): its own answers
-    file and its shards' merged. A folder with any unreadable file is left out whole (`Run.skipped`)."""
+    """A run folder (`.../<dataset>/<model>/<method>/temp-<t>/[len-<N>/][batch-<B>/]run-<r>`): its own
+    answers file and its shards' merged. A folder with any unreadable file is left out whole (`Run.skipped`)."""
     parts = list(folder.absolute().parts)  # `report .` inside a method folder still knows its dataset and model
-    batch = 1
+    batch, length = 1, None
     if re.fullmatch(r"batch-\d+", parts[-2]):
         batch = int(parts.pop(-2).removeprefix("batch-"))
+    if re.fullmatch(r"len-\d+", parts[-2]):
+        length = int(parts.pop(-2).removeprefix("len-"))
     temperature = _float(parts[-2].removeprefix("temp-"), math.nan)
     run = Run(parts[-5], parts[-4], parts[-3], temperature, int(parts[-1].removeprefix("run-")), [], None, folder,
-              batch=batch)
+              batch=batch, length=length)
     if math.isnan(temperature):
         return _skip(run, f"{folder}: '{parts[-2]}' is not temp-<number> (e.g. temp-0.7); rename the folder")
     try:
@@ -111,6 +118,7 @@ def _read_parts(run: Run, folder: Path) -> None:
         if torn := _torn_tail(part / ANSWERS):
             run.problems.append(torn)
     run.records, copies = merge_answers(answers, folder)
+    check_identities(run, folder)
     if copies:
         run.problems.append(f"{folder}: {copies} answer(s) stored twice, identically (e.g. shard files copied into "
                             f"{ANSWERS}); each counted once")
@@ -122,6 +130,23 @@ def _read_parts(run: Run, folder: Path) -> None:
             f"{folder}: INCOMPLETE, {len(missing)} of {len(expected)} expected questions have no answer "
             f"(e.g. {missing[:5]}); run the same command again to finish it (numbers below cover the rest)"
         )
+
+
+def check_identities(run: Run, folder: Path) -> None:
+    """Answers of two runs in one folder (records of different identity hashes, or records whose hash
+    is not their meta.json's) leave the run out (raised); answers without a meta.json are marked
+    unverified: nothing says which model, settings and questions made them."""
+    hashes = {(r.get(EXTRA_KEY) or {}).get("identity") for r in run.records} - {None}
+    metas = {m.get("identity_hash") for m in run.part_metas if m} - {None}
+    if len(hashes) > 1 or (hashes and metas and not hashes <= metas):
+        raise SpecbenchError(
+            f"{folder}: answers of {len(hashes | metas)} different runs are mixed (identities "
+            f"{', '.join(sorted(hashes | metas))}); left out: rerun it into a new folder or with overwrite=true"
+        )
+    if run.records and not any(run.part_metas):
+        run.unverified = "no meta.json"
+        run.problems.append(f"{folder}: UNVERIFIED, answers without a meta.json: which model, settings and questions "
+                            "made them cannot be checked (its rows are marked); rerun it to have them verified")
 
 
 def merge_answers(files: list[tuple[Path, list[dict[str, Any]]]], where: Path) -> tuple[list[dict[str, Any]], int]:
@@ -228,7 +253,9 @@ def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
     for path in sorted(root.rglob("*.jsonl")):
         if path.name == ANSWERS:
             folder = path.parent.parent if path.parent.name.startswith("shard-") else path.parent
-            parent = folder.parent.parent if re.fullmatch(r"batch-\d+", folder.parent.name) else folder.parent
+            parent = folder.parent
+            for level in (r"batch-\d+", r"len-\d+"):  # the optional levels between temp-<t> and run-<r>
+                parent = parent.parent if re.fullmatch(level, parent.name) else parent
             if re.fullmatch(r"run-\d+", folder.name) and parent.name.startswith("temp-") and (
                     not runs or runs[-1].source != folder):
                 runs.append(read_run(folder))
@@ -244,19 +271,21 @@ def load_runs(root: str | Path, upstream_model: str = "upstream") -> list[Run]:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs grouped by (dataset, model, temperature, batch size); each method's runs sorted by run number."""
-    groups: dict[tuple[str, str, float, int], Group] = {}
+    """Runs grouped by (dataset, model, temperature, batch size, input length); each method's runs sorted by
+    run number."""
+    groups: dict[tuple[str, str, float, int, int | None], Group] = {}
     for run in runs:
-        key = (run.dataset, run.model, run.temperature, run.batch)
-        group = groups.setdefault(key, Group(run.dataset, run.model, run.temperature, {}, batch=run.batch))
+        key = (run.dataset, run.model, run.temperature, run.batch, run.length)
+        group = groups.setdefault(key, Group(run.dataset, run.model, run.temperature, {}, batch=run.batch,
+                                             length=run.length))
         group.methods.setdefault(run.method, []).append(run)
     for group in groups.values():
         for method_runs in group.methods.values():
             method_runs.sort(key=lambda r: r.run)
-    for (dataset, model, temperature, batch), group in groups.items():
-        if batch > 1 and (single := groups.get((dataset, model, temperature, 1))) is not None:
+    for (dataset, model, temperature, batch, length), group in groups.items():
+        if batch > 1 and (single := groups.get((dataset, model, temperature, 1, length))) is not None:
             group.reference = single.methods.get(BASELINE)
-    return [groups[k] for k in sorted(groups)]
+    return [groups[k] for k in sorted(groups, key=lambda k: (*k[:4], -1 if k[4] is None else k[4]))]
 
 
 def method_facts(runs: list[Run]) -> dict[str, Any]:

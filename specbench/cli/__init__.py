@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -44,6 +45,20 @@ def usage() -> str:
     return USAGE.format(kits=", ".join(kit_names()) or "none", heads="|".join(discover().trained()))
 
 
+def first_job(args: list[str]) -> list[str]:
+    """A sweep's first job: each plain `key=a,b,c` cut to `key=a` (lists and quoted values kept; a sweep
+    function such as `range(1,4)` left out, its key then checked by Hydra alone)."""
+    out = []
+    for a in args:
+        key, sep, value = a.partition("=")
+        if sep and "(" in value:
+            continue
+        if sep and "," in value and not value.startswith(("[", "'", '"')):
+            a = f"{key}={value.split(',')[0]}"
+        out.append(a)
+    return out
+
+
 def _fail(exc: BaseException) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 2
@@ -54,7 +69,11 @@ def _run(args: list[str]) -> int:
 
     registry = prepare(args)  # methods and kit models registered once, for the checks and the run
     check_overrides(args, registry)
-    composed = None if {"-m", "--multirun"} & set(args) else check_compose(args, registry)
+    if {"-m", "--multirun"} & set(args):
+        composed = None
+        check_compose(first_job(args), registry)  # every job's keys are the first job's
+    else:
+        composed = check_compose(args, registry)
     stop_if_parse_only(args)
     if composed is not None and not any(a.startswith("-") for a in args):
         return _run_job(composed)  # a plain run: its config composed once, by the check
@@ -262,3 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside a run's question loop (loading, report, ...): no traceback
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # any write path the commands did not name itself: a full disk, a read-only folder
+        if exc.errno not in WRITE_ERRNOS or os.environ.get("SPECBENCH_VERBOSE"):
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        return _fail(SpecbenchError(f"cannot write{where} ({exc.strerror}); free some space or make the folder "
+                                    "writable, then run the same command again (files are written whole or not at "
+                                    "all; answers already saved are kept)"))
+
+
+#: errors of a write that the user can fix (full disk or quota, read-only file system, no permission)
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)

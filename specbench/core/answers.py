@@ -28,9 +28,14 @@ FIXED_SUFFIX = "-fixed"
 
 
 def run_dir(
-    output_dir: str | os.PathLike, dataset: str, model: str, method: str, temperature: float, run: int, batch: int = 1
+    output_dir: str | os.PathLike, dataset: str, model: str, method: str, temperature: float, run: int, batch: int = 1,
+    length: int | None = None,
 ) -> Path:
+    """`<output_dir>/<dataset>/<model>/<method>/temp-<t>/[len-<N>/][batch-<B>/]run-<r>`: the levels of a
+    long-input run (`length=N`) and of a batched one only where they apply."""
     folder = Path(output_dir) / dataset / model / method / f"temp-{temperature:g}"
+    if length is not None:
+        folder = folder / f"len-{length}"
     return (folder / f"batch-{batch}" if batch > 1 else folder) / f"run-{run}"
 
 
@@ -119,7 +124,12 @@ class AnswerWriter:
 
 
 def write_meta(path: str | os.PathLike, meta: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    """A run folder's meta.json, whole or not at all (a full disk or a read-only folder: one line)."""
+    try:
+        write_atomic(path, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write {path} ({exc.strerror or exc}); free some space or make the folder "
+                             "writable, then run the same command again to resume") from None
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any] | None:

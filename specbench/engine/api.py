@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -26,6 +27,10 @@ from specbench.core.timing import Timer
 from specbench.engine.tree import DraftTree
 from specbench.engine.verifier import Verdict
 from specbench.models import LoadedModel, new_cache
+
+#: the engine's decoding version: raised when a change makes any method emit other tokens for the same
+#: inputs (never for speed alone), so a resumed run never mixes answers of two versions (a run's identity)
+DECODING_VERSION = 1
 
 
 @dataclass
@@ -252,7 +257,7 @@ class Feedback:
     tree: DraftTree
     verdict: Verdict
     logits: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None = None
+    hidden_states: Sequence[torch.Tensor] | None = None  # indexed like a tuple (engine.decode.RowStates)
     aux_logits: torch.Tensor | None = None
 
 

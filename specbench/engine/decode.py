@@ -19,7 +19,7 @@ tokens, accepted lengths and step counts cannot drift apart.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,22 @@ class Forward:
         raise NotImplementedError
 
 
+class RowStates(Sequence):
+    """One row's hidden states of a step, (1, rows, d) per layer, sliced when read: a drafter reads
+    one layer or three, and a step that drafts nothing reads them for every row."""
+
+    def __init__(self, states: tuple[torch.Tensor, ...], row: int, rows: int) -> None:
+        self.states, self.row, self.rows = states, row, rows
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, k: Any) -> Any:  # an int: a tensor; a slice: a tuple, as a tuple does
+        if isinstance(k, slice):
+            return tuple(self[j] for j in range(*k.indices(len(self))))
+        return self.states[k][self.row : self.row + 1, : self.rows]
+
+
 class Decoder:
     """Runs `step` over rows: the step itself, its timing sections and the draft budget's clock.
 
@@ -202,8 +218,7 @@ class Decoder:
             with timer.section("draft"):
                 row.drafter.accepted(Feedback(
                     tree, verdict, logits[: n + 1],
-                    tuple(h[i : i + 1, : tree.rows] for h in scored.hidden_states)
-                    if scored.hidden_states is not None else None,
+                    RowStates(scored.hidden_states, i, tree.rows) if scored.hidden_states is not None else None,
                     logits[n + 1 : tree.rows] if tree.aux is not None and modes[i] else None,
                 ))
 

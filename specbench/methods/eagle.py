@@ -99,12 +99,11 @@ class EagleDrafter(Drafter):
         self.lm_head = lm_head
         self.cache = head.new_cache()
         # Real (token_{t+1}, feature_t) pairs the head has not seen yet, fed at the next propose.
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[list[int], torch.Tensor]] = []
 
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
         self.cache = self.head.new_cache()
-        prompt = state.input_ids[0]
-        tokens = torch.cat([prompt[1:], torch.tensor([state.tokens[0]], device=prompt.device)])
+        tokens = [*state.input_ids[0, 1:].tolist(), state.tokens[0]]
         self.pending = [(tokens, self._features(state.extra["hidden_states"]))]
 
     def _features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -112,16 +111,20 @@ class EagleDrafter(Drafter):
         return hidden_states[-1][0]
 
     def accepted(self, feedback: Feedback) -> None:
+        """Noted for the next proposal (every step, drafted or not: kept cheap, no tensor built)."""
         verdict = feedback.verdict
         hidden = self._features(feedback.hidden_states)
-        rows = torch.tensor(verdict.rows, dtype=torch.long, device=hidden.device)
-        tokens = torch.tensor([*verdict.tokens, verdict.token], dtype=torch.long, device=hidden.device)
-        self.pending.append((tokens, hidden[rows]))
+        rows = verdict.rows
+        if rows[-1] == len(rows) - 1:  # the root and a prefix of the block (a chain, or no draft): a view
+            kept = hidden[: len(rows)]
+        else:
+            kept = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
+        self.pending.append(([*verdict.tokens, verdict.token], kept))
 
     def _feed(self) -> torch.Tensor:
         """Run the head over the pending real pairs (cached); returns the last predicted feature (d,)."""
-        tokens = torch.cat([t for t, _ in self.pending])
-        features = torch.cat([f for _, f in self.pending])
+        tokens = torch.tensor([t for some, _ in self.pending for t in some], dtype=torch.long)
+        features = torch.cat([f for _, f in self.pending]) if len(self.pending) > 1 else self.pending[0][1]
         self.pending = []
         past, n = self.cache.length, int(tokens.shape[0])
         device = features.device

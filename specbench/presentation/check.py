@@ -33,6 +33,7 @@ from specbench.analysis.runs import BASELINE, Run, group_runs, load_runs
 from specbench.core.args import ArgumentParser
 from specbench.core.compose import compose
 from specbench.core.errors import SpecbenchError
+from specbench.core.files import write_atomic
 from specbench.core.questions import SUBTASKS
 from specbench.core.table import markdown
 
@@ -361,8 +362,12 @@ def check(results_dir: Path, ref_dir: Path, cfg: DictConfig, *, update: bool, qu
             if gates:
                 print(f"reference {path} not written: fix the failures above first")
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(now, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, json.dumps(now, indent=2, sort_keys=True) + "\n")
+            except OSError as exc:
+                raise SpecbenchError(f"cannot write reference {path} ({exc.strerror or exc}); make its folder "
+                                     "writable or give another with --reference ...") from None
             print(f"wrote reference {path} ({len(now['methods'])} methods)")
             continue
         if not path.exists():
@@ -391,6 +396,9 @@ def read_reference(path: Path) -> dict[str, Any]:
     methods = ref.get("methods") if isinstance(ref, dict) else None
     if not isinstance(methods, dict):
         raise SpecbenchError(f"reference {path} has no 'methods' table; {fix}")
+    if not any(rows for method, rows in methods.items() if method != report.BASELINE):
+        raise SpecbenchError(f"reference {path} checks nothing (no method besides the baseline has a row), so no "
+                             f"regression could fail it; {fix} from a run with methods")
     for method, subtasks in methods.items():
         if not isinstance(subtasks, dict):
             raise SpecbenchError(f"reference {path}: method {method} is not a table of subtasks; {fix}")

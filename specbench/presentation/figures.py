@@ -15,6 +15,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from specbench.analysis.audit import NOISE  # noqa: E402
 from specbench.analysis.batching import BatchPoint, crossovers  # noqa: E402
+from specbench.analysis.lengths import LengthPoint  # noqa: E402
 from specbench.analysis.report import BASELINE, Group, MethodResult  # noqa: E402
 from specbench.core.answers import FIXED_SUFFIX  # noqa: E402
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS  # noqa: E402
@@ -124,6 +125,15 @@ def figure6(groups: list[Group], base: Path) -> list[Path]:
     return _save(fig, base)
 
 
+def log2_axes(axes: tuple, ticks: list[int], label: str) -> None:
+    """x on a log-2 scale with a tick at each measured value (batch sizes, input lengths)."""
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(t) for t in ticks])
+        ax.set_xlabel(label)
+
+
 def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]:
     """Left: speedup at each batch size (method throughput / baseline throughput at the same size),
     one line per method, a preset dashed beside its adaptive twin, each crossover circled; middle:
@@ -153,18 +163,44 @@ def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]
                           markeredgecolor=colour(method), linestyle="none")
     left.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="baseline (1.00x)")
     left.axhline(0.95, color="grey", linewidth=0.6, linestyle=":", label="0.95x")
-    sizes = sorted({p.batch for p in points})
-    for ax in (left, middle, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes)
-        ax.set_xticklabels([str(b) for b in sizes])
-        ax.set_xlabel("Batch size")
+    log2_axes((left, middle, right), sorted({p.batch for p in points}), "Batch size")
     left.set_ylabel("Speedup at the same batch size (x)")
     middle.set_ylabel("Throughput (generated tokens / s of the batch)")
     right.set_ylabel("Time per output token, p50 (ms)")
     left.set_title("Speedup (circled: crossover)", fontsize=10)
     middle.set_title("Throughput against batch size", fontsize=10)
     right.set_title("Time per output token", fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return _save(fig, base)
+
+
+def length_figure(points: list[LengthPoint], title: str, base: Path) -> list[Path]:
+    """Left: speedup against input length (the first turns' tokens, log scale), one line per method, with
+    its 95% interval as a band; right: mean accepted tokens per step against input length. The runs of
+    the questions as they are (no `length`) are left out of the lines: their inputs have no one length."""
+    series: dict[str, list[LengthPoint]] = {}
+    for p in points:
+        if p.length is not None:
+            series.setdefault(p.method, []).append(p)
+    names = set(series)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for method, pts in sorted(series.items()):
+        pts = sorted(pts, key=lambda p: p.length)
+        xs = [p.length for p in pts]
+        style = line_style(method, names)
+        right.plot(xs, [p.mean_accepted for p in pts], label=method, **style)
+        if method == BASELINE:
+            continue
+        left.plot(xs, [p.speedup for p in pts], label=method, **style)
+        left.fill_between(xs, [p.ci_low for p in pts], [p.ci_high for p in pts], color=colour(method), alpha=0.12)
+    left.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="baseline (1.00x)")
+    log2_axes((left, right), sorted({p.length for p in points if p.length is not None}),
+              "Input length (tokens of the first turn)")
+    left.set_ylabel("Speedup over the baseline at the same length (x)")
+    right.set_ylabel("#Mean accepted tokens per step")
+    left.set_title("Speedup against input length", fontsize=10)
+    right.set_title("Acceptance against input length", fontsize=10)
     fig.suptitle(title, fontsize=10)
     right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, base)

@@ -13,6 +13,7 @@ import pandas as pd
 from specbench.analysis.audit import NOISE, RECHECK_VERDICTS, STREAM_PARTS, above_floor
 from specbench.analysis.batching import BatchPoint, batch_points, crossovers
 from specbench.analysis.frame import OVERALL
+from specbench.analysis.lengths import LengthPoint, length_points
 from specbench.analysis.report import BASELINE, Group, MethodResult, budget_pairs, contention_note, schedule_note
 from specbench.core.errors import SpecbenchError
 from specbench.core.questions import SUBTASK_TITLES, SUBTASKS
@@ -49,6 +50,7 @@ CSV_METRICS = ("speedup", "speedup_std", "ci_low", "ci_high", "mean_accepted", "
 def stem(group: Group) -> str:
     base = f"{group.dataset}-{group.model}"
     base = base if group.temperature == 0 else f"{base}-temp-{group.temperature:g}"
+    base = f"{base}-len-{group.length}" if group.length is not None else base
     return f"{base}-batch-{group.batch}" if group.batch > 1 else base
 
 
@@ -100,7 +102,8 @@ def main_table(group: Group) -> tuple[list[str], list[list[str]]]:
     wide.insert(len(subtasks) + 1, "rate", table["acceptance_rate"].xs(OVERALL, level="subtask").map(_fmt))
     contended = {r.method for r in group.results if r.contended}
     beside = [[_auto_cell(group, m)] if group.beside else [] for m in wide.index]
-    return headers, [[m + (CONTROL if m == NOISE else ""), *cells[:-1],
+    unverified = {r.method for r in group.results if r.unverified}
+    return headers, [[m + (CONTROL if m == NOISE else "") + (f" {UNVERIFIED}" if m in unverified else ""), *cells[:-1],
                       cells[-1] + (f" {CONTENDED}" if m in contended else ""), *auto]
                      for m, cells, auto in zip(wide.index, wide.to_numpy().tolist(), beside)]
 
@@ -111,6 +114,8 @@ CONTROL = " (audit control)"
 
 #: marks the Overall speedup of a method measured while other processes loaded the machine
 CONTENDED = "†"
+#: marks a method whose answers have no meta.json: what made them cannot be checked
+UNVERIFIED = "‡ UNVERIFIED"
 
 
 def timing_footnote(group: Group) -> list[str]:
@@ -124,7 +129,11 @@ def timing_footnote(group: Group) -> list[str]:
                      "against that job's baseline, with its mean accepted tokens in brackets. The rows rank on the "
                      "presets (<method>-fixed), whose acceptance does not depend on the machine.")
     note = contention_note(group)
-    return lines + ([f"{CONTENDED} {note[0].upper()}{note[1:]}."] if note else [])
+    lines += [f"{CONTENDED} {note[0].upper()}{note[1:]}."] if note else []
+    if unverified := [f"{r.method} run {n}" for r in group.results for n in r.unverified]:
+        lines.append(f"{UNVERIFIED}: answers without a meta.json ({', '.join(unverified)}): which model, settings and "
+                     "questions made them cannot be checked; rerun them to have them verified.")
+    return lines
 
 
 def _bytes(n: int | None) -> str:
@@ -465,6 +474,64 @@ def write_batches(groups: list[Group], out_dir: Path, figures: bool) -> list[Pat
     return written
 
 
+LENGTH_NOTE = (
+    "Input length: every first turn made about N tokens of the model's tokenizer (`length=N`) with the dataset's "
+    "own documents (its summarization articles and retrieval passages, never the question's own) before the "
+    "question, which stays last and unchanged; later turns unchanged. \"as is\": the same questions without "
+    "`length`. Each cell: the method's overall speedup over the baseline at the same length (paired per "
+    "question, as in the main table) / its mean accepted tokens per step; the baseline's cells give its tokens "
+    "per second."
+)
+
+
+def length_stem(key: tuple[str, str, float, int]) -> str:
+    dataset, model, temperature, batch = key
+    return (f"{dataset}-{model}" + ("" if temperature == 0 else f"-temp-{temperature:g}")
+            + (f"-batch-{batch}" if batch > 1 else "") + "-length")
+
+
+def length_table(points: list[LengthPoint]) -> tuple[list[str], list[list[str]]]:
+    """One row per method, one column per input length: speedup / mean accepted (the baseline: tok/s)."""
+    lengths = sorted({p.length for p in points}, key=lambda n: -1 if n is None else n)
+    cells: dict[str, dict[int | None, str]] = {}
+    for p in points:
+        if p.method == BASELINE:
+            cell = f"{_fmt(p.tokens_per_s, '.1f')} tok/s"
+        else:
+            cell = f"{_fmt(p.speedup)}x / {_fmt(p.mean_accepted)}"
+        cells.setdefault(p.method, {})[p.length] = cell
+    headers = ["Method", *("as is" if n is None else f"{n} tokens" for n in lengths)]
+    return headers, [[method, *(row.get(n, "-") for n in lengths)] for method, row in cells.items()]
+
+
+def lengths_console(groups: list[Group]) -> str:
+    parts = []
+    for key, points in length_points(groups).items():
+        parts.append(f"\nInput lengths: {key[0]} / {key[1]} / temperature {key[2]:g}"
+                     f"{f' / batch size {key[3]}' if key[3] > 1 else ''}\n\n{markdown(*length_table(points))}\n")
+    return "".join(parts)
+
+
+def write_lengths(groups: list[Group], out_dir: Path, figures: bool) -> list[Path]:
+    """<dataset>-<model>[-temp-t][-batch-B]-length.{md,csv} (and the figure) where several input lengths exist."""
+    written: list[Path] = []
+    for key, points in length_points(groups).items():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        title = f"{key[0]} / {key[1]} / temperature {key[2]:g}" + (f" / batch size {key[3]}" if key[3] > 1 else "")
+        md = out_dir / f"{length_stem(key)}.md"
+        md.write_text(f"# Speedup against input length: {title}\n\n{markdown(*length_table(points))}\n\n"
+                      f"{LENGTH_NOTE}\n", encoding="utf-8")
+        csv_path = out_dir / f"{length_stem(key)}.csv"
+        pd.DataFrame([vars(p) for p in points]).round(4).to_csv(csv_path, index=False, na_rep="nan",
+                                                               lineterminator="\r\n", encoding="utf-8")
+        written += [md, csv_path]
+        if figures:
+            from specbench.presentation.figures import length_figure
+
+            written += length_figure(points, title, out_dir / length_stem(key))
+    return written
+
+
 def environment_line(group: Group) -> str:
     env = group.environment()
     if not env:
@@ -583,6 +650,8 @@ class Report:
             lines.append("\n" + engines_markdown(engines))
         if batches := batch_console(self.groups):
             lines += [batches, BATCH_NOTE]
+        if lengths := lengths_console(self.groups):
+            lines += [lengths, LENGTH_NOTE]
         lines.append(DEFINITIONS)
         if self.written:
             lines.append(f"\nwrote {len(self.written)} files to {self.out_dir}")
@@ -620,6 +689,7 @@ def build(
             if group.results:
                 written += write_group(group, out_dir)
         written += write_batches(groups, out_dir, figures)
+        written += write_lengths(groups, out_dir, figures)
         if engines := engines_table(groups, tie_margin):
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "engines.md").write_text(engines_markdown(engines), encoding="utf-8")
@@ -648,7 +718,7 @@ def _figures(groups: list[Group], out_dir: Path) -> list[Path]:
             continue
         written += figures.figure5(group, out_dir / f"{stem(group)}-fig5")
         written += figures.acceptance(group, out_dir / f"{stem(group)}-acceptance")
-        if group.batch == 1:  # Figure 6 is across temperatures, one sequence at a time
+        if group.batch == 1 and group.length is None:  # Figure 6: across temperatures, one sequence, inputs as they are
             by_model.setdefault((group.dataset, group.model), []).append(group)
     for (dataset, model), same in by_model.items():
         if len(same) > 1:

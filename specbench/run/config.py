@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from specbench.core.compose import on_config_dir
 from specbench.core.errors import SpecbenchError
+from specbench.core.longinput import parse_length
 from specbench.core.prompts import TEMPLATES
 from specbench.core.questions import SUBTASKS
 from specbench.core.resources import CONFIG_DIR
@@ -142,16 +144,80 @@ def check_compose(overrides: list[str], registry: Registry | None = None) -> Dic
 
     plain = [o for o in overrides if "=" in o and not o.startswith(("-", "hydra"))]
     registry = registry or prepare(overrides)
-    if registry.search:
-        plain.append(f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]")
+    search = [f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]"] if registry.search else []
     with on_config_dir():
+        groups = [o for o in plain if o.split("=", 1)[0].lstrip("+~") in GROUPS]
         try:
-            return compose("config", overrides=plain)
+            base = compose("config", overrides=groups + search)  # the keys the chosen groups define
+        except (HydraException, OmegaConfBaseException):
+            base = None  # an unknown option: the full compose below names it
+        if base is not None:
+            check_keys(plain, base)
+        try:
+            return compose("config", overrides=plain + search)
         except (HydraException, OmegaConfBaseException) as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
             cause = str(exc.__cause__ or "").strip().splitlines()
             detail = ": ".join(x.rstrip(".") for x in lines[:1] + cause[:1]) or type(exc).__name__
-            raise SpecbenchError(f"{detail} (prefix a new key with +)") from None
+            raise SpecbenchError(detail) from None
+
+
+#: keys that code reads when present though no config of the group defines them (`cfg.dataset.get("generator")`)
+OPTIONAL_KEYS = ("dataset.generator", "dataset.seed", "dataset.sha256", "dataset.url")
+#: settings whose keys are the user's own (a server's environment variables, an engine's presets)
+FREE_MAPS = ("backend.env", "backend.presets")
+
+
+def _under_a_value(base: DictConfig, key: str) -> bool:
+    """`key` names a place inside a value the config holds as a whole (a dict or list setting, e.g.
+    `backend.env.X`), which the code reading that setting takes as it is."""
+    parent = key.rsplit(".", 1)[0]
+    while "." in parent or parent:
+        node = OmegaConf.select(base, parent, default=None, throw_on_missing=False)
+        if node is not None:
+            return isinstance(node, ListConfig) or (isinstance(node, DictConfig) and len(node) == 0)
+        if "." not in parent:
+            return False
+        parent = parent.rsplit(".", 1)[0]
+    return False
+
+
+def check_keys(overrides: list[str], base: DictConfig) -> None:
+    """Every nested key and every `+` key of `overrides` is one the composed config defines (a method's
+    settings aside: its own check names an unknown one), so a typo never does nothing: one line with the
+    nearest known key."""
+    import difflib
+
+    known = set(flat_keys(OmegaConf.to_container(base, resolve=False)))
+    for item in overrides:
+        raw = item.split("=", 1)[0]
+        key = raw.lstrip("+~")
+        root = key.split(".", 1)[0]
+        if root in ("method", "hydra") or raw.startswith("~") or ("." not in key and not raw.startswith("+")):
+            continue
+        if key in OPTIONAL_KEYS or key in known or _under_a_value(base, key) or key.startswith(
+                tuple(m + "." for m in FREE_MAPS)):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == parent}
+        found = difflib.get_close_matches(leaf, sorted(siblings), n=1, cutoff=0.7)
+        near = [siblings[found[0]]] if found else []
+        under = ", ".join(k for k in sorted(known) if k.startswith(root + ".")) or "none"
+        hint = f"did you mean '{near[0]}'?" if near else f"the keys under '{root}' are {under}"
+        raise SpecbenchError(f"unknown key '{key}' (nothing reads it, so it would change nothing); {hint}")
+
+
+def flat_keys(value: Any, prefix: str = "") -> list[str]:
+    """Every key of a plain config, dotted (`model.path`), nested ones included."""
+    if not isinstance(value, dict):
+        return []
+    out = []
+    for k, v in value.items():
+        if k == "hydra":
+            continue
+        out.append(f"{prefix}{k}")
+        out += flat_keys(v, f"{prefix}{k}.")
+    return out
 
 
 def compose_method(name: str) -> DictConfig:
@@ -182,6 +248,8 @@ SCHEDULES = (INTERLEAVED, SEQUENTIAL)
 #: the run-wide `budget=both`: every method with a draft budget runs as `auto` and `fixed`, in turn
 BOTH = "both"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+#: the smallest temperature above 0 that samples (below it logits / temperature overflow; 0 is greedy)
+MIN_TEMPERATURE = 1e-4
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 #: folder names (model, method, dataset): one path component, no hidden or parent folder
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -209,12 +277,16 @@ def check_values(cfg: DictConfig) -> None:
         fail(f"max_new_tokens must be a positive integer, got {cfg.max_new_tokens!r}")
     if not _is_number(cfg.temperature) or cfg.temperature < 0:
         fail(f"temperature must be a finite number >= 0 (0 = greedy), got {cfg.temperature!r}")
+    if 0 < cfg.temperature < MIN_TEMPERATURE:
+        fail(f"temperature={cfg.temperature!r} is too small to sample with (logits / temperature overflow to inf); use "
+             f"temperature=0 for greedy decoding or a value >= {MIN_TEMPERATURE:g}")
     if not _is_number(cfg.top_p) or not 0 < cfg.top_p <= 1:
         fail(f"top_p must be in (0, 1], got {cfg.top_p!r}")
     if not _is_int(cfg.top_k) or cfg.top_k < 0:
         fail(f"top_k must be an integer >= 0 (0 = off), got {cfg.top_k!r}")
     if cfg.limit is not None and (not _is_int(cfg.limit) or cfg.limit < 1):
         fail(f"limit must be a positive integer or null, got {cfg.limit!r}")
+    parse_length(cfg.get("length"))
     if not _is_int(cfg.runs) or cfg.runs < 1:
         fail(f"runs must be a positive integer, got {cfg.runs!r}")
     if not _is_int(cfg.get("batch_size", 1)) or cfg.get("batch_size", 1) < 1:
@@ -258,6 +330,11 @@ def check_values(cfg: DictConfig) -> None:
         fail(f"no subtask selected; use task=all or task=[{','.join(SUBTASKS[:2])}]")
     if OmegaConf.is_missing(cfg.model, "path") or not cfg.model.path or not isinstance(cfg.model.path, str):
         fail("model.path is not set; use model=local model.path=/path/to/model (or a hub id)")
+    for key, fix in (("dataset.path", "a question file, e.g. dataset.path=data/spec_bench/question.jsonl"),
+                     ("output_dir", "a folder, e.g. output_dir=results/answers")):
+        value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        if not isinstance(value, str) or not value.strip() or value != value.strip():
+            fail(f"{key} must be a path, got {value!r}; give {fix}")
     if cfg.model.template not in TEMPLATES:
         fail(f"model.template must be one of {', '.join(TEMPLATES)}, got {cfg.model.template!r}")
     for key, value in (("model.name", cfg.model.name), ("dataset.name", cfg.dataset.name),

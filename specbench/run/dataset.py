@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -13,6 +15,12 @@ from omegaconf import DictConfig
 from specbench.core import questions as data
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import write_atomic
+from specbench.core.longinput import lengthen_all
+from specbench.engine.target import model_context
+from specbench.models import load_tokenizer
+
+#: positions a turn's chat template may add around its text (a margin in the context check)
+TEMPLATE_MARGIN = 64
 
 
 def load_dataset(dataset_cfg: DictConfig) -> list[data.Question]:
@@ -64,3 +72,36 @@ def check_writable(folder: Path, need_bytes: int = 50 << 20) -> None:
         raise SpecbenchError(
             f"only {free >> 20} MiB free under {folder}; free some space or choose another output_dir=..."
         )
+
+
+def long_inputs(cfg: DictConfig, questions: list[data.Question], pool: list[data.Question],
+                tokens: int) -> list[data.Question]:
+    """The questions with first turns of about `tokens` tokens of the run's model (`length=N`,
+    specbench.core.longinput), checked against its context: the longest conversation (every turn, each
+    answer at max_new_tokens) must fit, else a one-line error with the largest length that would."""
+    start = time.perf_counter()
+    tokenizer, config = load_tokenizer(str(cfg.model.path), trust_remote_code=bool(cfg.model.trust_remote_code))
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    context = model_context(config)
+    if context is not None:  # checked before any document is drawn: a first turn counts as N tokens or its own
+        answers = int(cfg.max_new_tokens)
+        need = {q.question_id: sum(max(count(t), tokens if i == 0 else 0) + TEMPLATE_MARGIN + answers
+                                   for i, t in enumerate(q.turns)) for q in questions}
+        worst = max(need, key=need.__getitem__)
+        if need[worst] > context:
+            room = tokens - (need[worst] - context)
+            raise SpecbenchError(
+                f"length={tokens} does not fit the context of {cfg.model.path} ({context} positions): question "
+                f"{worst} would need {need[worst]} with max_new_tokens={answers} per turn; choose length <= "
+                f"{max(room, 0)}, a smaller max_new_tokens=..., or a task without second turns"
+            )
+    longer = lengthen_all(questions, pool, tokens, count, int(cfg.seed))
+    sizes = [count(new.turns[0]) for new, old in zip(longer, questions, strict=True) if new is not old]
+    made = f"first turns of {min(sizes)}-{max(sizes)} tokens" if sizes else "none lengthened"
+    kept = f", {len(longer) - len(sizes)} already longer kept as they are" if len(sizes) < len(longer) else ""
+    print(f"long inputs: {len(sizes)} of {len(longer)} questions, {made}{kept} (length={tokens}; "
+          f"{time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+    return longer

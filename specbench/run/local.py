@@ -36,7 +36,7 @@ from specbench.engine.target import model_context
 from specbench.models import RESOLVED, load_model, resolve_device, resolve_dtype
 from specbench.run.config import BOTH, SEQUENTIAL, compose_method, in_run
 from specbench.run.monitor import ContentionGuard, MemoryProbe, drafter_memory, resumed
-from specbench.run.provenance import environment, identity, weights_fingerprint
+from specbench.run.provenance import environment, identity, parts_identity, weights_fingerprint
 from specbench.run.registry import build_method, method_label
 
 #: what `budget=auto` learns, and from what (engine.loop, engine.budget)
@@ -142,13 +142,8 @@ class LocalBackend:
     def parts(cfg: DictConfig, phases: list[list[DictConfig]]) -> list[str]:
         """The target, and every path the methods' settings name (their facts aside); the model's draft
         where a method leaves its `draft` empty (it then reads the model's: methods.drafts.load_draft)."""
-        specs = [str(cfg.model.path)]
-        for method in (m for phase in phases for m in phase):
-            settings = {k: v for k, v in OmegaConf.to_container(method, resolve=True).items() if k != "facts"}
-            if "draft" in settings and not settings["draft"] and cfg.model.get("draft"):
-                specs.append(str(cfg.model.draft))
-            specs += list(strings(settings))
-        return specs
+        return [spec for m in (m for phase in phases for m in phase) for spec in method_parts(cfg, m)] or [
+            str(cfg.model.path)]
 
     def open(self, phase: list[DictConfig]) -> list[LocalMethod]:
         """The phase's methods built on the target (under the run-wide `budget=both`, a method with a
@@ -167,7 +162,8 @@ class LocalBackend:
             grew = after - before if after is not None and before is not None else 0
             self.resident[method_label(c)] = max(grew, weights)
             facts = OmegaConf.to_container(c.facts, resolve=True) if c.get("facts") else {}
-            opened.append(LocalMethod(method, c, method_label(c), identity(self.cfg, c, self.target.dtype), facts))
+            ident = identity(self.cfg, c, self.target.dtype, parts_identity(method_parts(self.cfg, c)))
+            opened.append(LocalMethod(method, c, method_label(c), ident, facts))
         self.measure_precision()
         for m in opened:
             if self.batch_size > 1 and m.method.batch_problem is not None:
@@ -427,6 +423,16 @@ class TurnQueue(Requests):
                                      batch={**info, "queued": queued, "admitted": admitted, "first": first,
                                             "finished": finished, "latency": finished - admitted})
             key.answer.add(turn)
+
+
+def method_parts(cfg: DictConfig, method: DictConfig) -> list[str]:
+    """The target and every path a method's settings name (its facts aside); the model's draft where the
+    method leaves its `draft` empty (it then reads the model's: methods.drafts.load_draft)."""
+    specs = [str(cfg.model.path)]
+    settings = {k: v for k, v in OmegaConf.to_container(method, resolve=True).items() if k not in ("facts", "suites")}
+    if "draft" in settings and not settings["draft"] and cfg.model.get("draft"):
+        specs.append(str(cfg.model.draft))
+    return specs + list(strings(settings))
 
 
 def strings(value: Any) -> Iterator[str]:

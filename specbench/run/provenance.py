@@ -3,7 +3,9 @@ run must share with the answers already in its folder (its identity)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -18,10 +20,13 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.core.errors import SpecbenchError
+from specbench.core.files import write_atomic
 from specbench.core.hardware import cpu_info, device_name, run_command, total_memory
 from specbench.core.questions import sha256_of
-from specbench.core.resources import source_checkout
-from specbench.models import LoadedModel
+from specbench.core.resources import cache_root, source_checkout
+from specbench.engine.api import DECODING_VERSION
+from specbench.models import LoadedModel, find_resolver, resolve_path
 
 #: Method config keys that only label a method for people (tables, figures, suites): changing them
 #: must not make an answer folder refuse to resume.
@@ -129,6 +134,76 @@ def _value(text: str) -> Any:
     return text
 
 
+#: bookkeeping files of a part's folder that never change an answer (cards, origins, markers)
+NOT_CONTENT = ("part.json", "origin.json", "quality.json", "COMPLETE")
+#: what a folder holds at its top level to be a part (a model, a head, a datastore)
+MODEL_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.npy", "config.json", "manifest.json")
+#: the file of cached fingerprints under the cache root: (path, size, mtime) -> sha256 of the content
+FINGERPRINTS = "fingerprints.json"
+
+
+def content_fingerprint(path: str | os.PathLike) -> str | None:
+    """Short SHA-256 over the content of a local file or folder (every file under it, by relative path,
+    bookkeeping aside): what a run's answers depend on of a model, draft, head or datastore. None for a
+    path that is not on this machine (a hub id: its id is the identity). Each file's digest is cached
+    by (path, size, modification time) under the cache root, so a 10 GB model is read once."""
+    root = Path(os.path.expanduser(str(path)))
+    if not root.exists() or (root.is_dir() and not any(root.glob(p) for p in MODEL_FILES)):
+        return None  # a folder that holds no model, head or datastore is no part (".", a results folder)
+    files = [root] if root.is_file() else sorted(
+        f for f in root.rglob("*") if f.is_file() and f.name not in NOT_CONTENT and not f.name.endswith(".lock"))
+    cache_file = cache_root() / FINGERPRINTS
+    try:
+        cache = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    digest, changed = hashlib.sha256(), False
+    for f in files:
+        st = f.stat()
+        key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        if key not in cache:
+            cache[key], changed = sha256_of(f), True
+        digest.update(f"{f.relative_to(root) if f != root else f.name}:{cache[key]}\n".encode())
+    if changed:
+        with contextlib.suppress(OSError):  # a cache that cannot be written costs time, never the run
+            write_atomic(cache_file, json.dumps(cache, sort_keys=True))
+    return digest.hexdigest()[:16]
+
+
+def parts_identity(specs: list[str]) -> dict[str, str]:
+    """Each local part a method reads (`prefix:NAME` resolved, folders, files) with its content
+    fingerprint: answers made with other weights at the same name are another run."""
+    out = {}
+    for spec in dict.fromkeys(specs):
+        if not spec or "\n" in spec:
+            continue
+        try:
+            path = resolve_path(spec) if looks_like_part(spec) else spec
+        except SpecbenchError:
+            continue
+        if (found := content_fingerprint(path)) is not None:
+            out[spec] = found
+    return out
+
+
+def looks_like_part(spec: str) -> bool:
+    prefix, sep, _ = spec.partition(":")
+    return bool(sep) and prefix.isidentifier() and not os.path.exists(spec) and find_resolver(prefix) is not None
+
+
+def question_fingerprint(question: Any) -> str:
+    """Short SHA-256 of a question as a run asks it (its category and every turn's text, a long input's
+    documents included): an answer to the question as it was before an edit is never resumed as its answer."""
+    return hashlib.sha256(json.dumps([question.category, list(question.turns)], ensure_ascii=False).encode()
+                          ).hexdigest()[:16]
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    """What every answer record carries of its run's identity (`specbench.identity`): a meta.json that
+    is missing or edited cannot make a resume mix answers."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def weights_fingerprint(folder: str) -> str | None:
     """Short SHA-256 of a local model's safetensors files: answers (and check references) made
     with other weights under the same name are told apart."""
@@ -141,13 +216,19 @@ def weights_fingerprint(folder: str) -> str | None:
     return digest.hexdigest()[:16]
 
 
-def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """What must not change between a run and its resumption (labels for people excluded)."""
+def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype, parts: dict[str, str] | None = None
+             ) -> dict[str, Any]:
+    """What must not change between a run and its resumption (labels for people excluded): the
+    dataset and model, the method's resolved settings, the generation settings, the dtype, the
+    engine's decoding version and `parts`, the content fingerprints of the weights it reads
+    (`parts_identity`). Each answer record carries its hash and its question's fingerprint as well."""
     batch = {}  # batch size 1: as before batching existed
     if int(cfg.get("batch_size", 1)) > 1:
         batch = {"batch_size": int(cfg.batch_size), "batch_mode": str(cfg.batch_mode)}
         if cfg.batch_mode == "continuous":
             batch["batch_queue"] = int(cfg.batch_queue)
+    if cfg.get("length") is not None:  # long inputs: the first turns' length in tokens
+        batch["length"] = cfg.length
     return {
         **batch,
         "dataset": cfg.dataset.name,
@@ -159,7 +240,10 @@ def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype) -> dic
         "top_k": cfg.top_k,
         "max_new_tokens": cfg.max_new_tokens,
         "seed": cfg.seed,
+        "stop_strings": list(cfg.model.get("stop_strings") or []),
         "dtype": str(dtype).removeprefix("torch."),
+        "decoding": DECODING_VERSION,
+        "parts": parts or {},
     }
 
 

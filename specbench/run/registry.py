@@ -45,6 +45,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -135,8 +136,10 @@ def _yaml_loader(path: Path) -> Callable[[], DictConfig]:
     def load() -> DictConfig:
         try:
             cfg = OmegaConf.load(path)
-        except (OSError, OmegaConfBaseException, ValueError) as exc:
-            raise SpecbenchError(f"cannot read method config {path}: {str(exc).strip().splitlines()[0]}") from None
+        except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" (line {where.line + 1})" if where is not None else ""
+            raise SpecbenchError(f"cannot read method config {path}: {str(exc).strip().splitlines()[0]}{at}") from None
         if not isinstance(cfg, DictConfig):
             raise SpecbenchError(f"method config {path} is not a mapping; write name: ..., impl: module.Class")
         if cfg.get("name") != path.stem:
@@ -220,6 +223,7 @@ class Registry:
         self.folder = folder
         self.search = search
         self.specs: dict[str, MethodSpec] = {}
+        self.broken: dict[str, str] = {}  # method -> why its config cannot be read (left out: leave_out_broken)
         for spec in specs:
             if spec.name in self.specs:
                 first = self.specs[spec.name]
@@ -233,6 +237,20 @@ class Registry:
     def names(self, suite: str | None = None, source: str | None = None) -> list[str]:
         return [n for n, s in self.specs.items()
                 if (source is None or s.source == source) and (suite is None or suite in self.suites(n))]
+
+    def leave_out_broken(self) -> None:
+        """A plugin's config that cannot be read (a YAML that does not parse, a missing module, a bad
+        entry point) leaves that method out with one warning line naming the file, so the other methods
+        run; asking for it is its one-line error (`unknown`)."""
+        for name, spec in list(self.specs.items()):
+            if spec.source == BUILTIN:
+                continue
+            try:
+                spec.raw()
+            except SpecbenchError as exc:
+                self.broken[name] = str(exc)
+                del self.specs[name]
+                print(f"warning: method '{name}' left out: {exc}", file=sys.stderr, flush=True)
 
     def __contains__(self, name: object) -> bool:
         return name in self.specs
@@ -254,6 +272,8 @@ class Registry:
 
     def unknown(self, name: str) -> SpecbenchError:
         """The error for a name no source defines: what is available, by source, and how to add one."""
+        if name in self.broken:
+            return SpecbenchError(f"method '{name}' cannot be used: {self.broken[name]}")
         groups = [f"{', '.join(names)} ({s} {self.location(s)})" for s in SOURCES if (names := self.names(source=s))]
         return SpecbenchError(f"unknown method '{name}'; available: {'; '.join(groups)}; {HOW_TO_ADD}")
 
@@ -328,7 +348,9 @@ def discover(argv: Sequence[str] = ()) -> Registry:
     folder = methods_dir()
     search = search_dirs(argv)
     specs = _builtin_specs() + _folder_specs(folder) + _search_specs(search) + _entry_point_specs()
-    return Registry(specs, folder, search)
+    registry = Registry(specs, folder, search)
+    registry.leave_out_broken()
+    return registry
 
 
 def register_with_hydra(registry: Registry) -> Registry:
@@ -373,6 +395,9 @@ def load_impl(impl: str, method: str) -> type:
     try:
         module = load_module_file(local) if local else importlib.import_module(module_name)
         cls = getattr(module, class_name)
+    except SyntaxError as exc:
+        raise SpecbenchError(f"method '{method}': its module {exc.filename} does not parse ({exc.msg}, line "
+                             f"{exc.lineno}); fix it") from None
     except (ImportError, AttributeError, ValueError):
         where = f"{methods_dir()}/<module>.py or an importable package.module"
         raise SpecbenchError(f"method '{method}' names impl '{impl}', which cannot be imported from {where}; "

@@ -25,6 +25,7 @@ from specbench.core import questions as data
 from specbench.core.answers import (
     ANSWERS,
     ERRORS,
+    EXTRA_KEY,
     META,
     AnswerWriter,
     locked,
@@ -36,14 +37,15 @@ from specbench.core.answers import (
 )
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import find_only
+from specbench.core.longinput import parse_length
 from specbench.core.record import stamp
 from specbench.models import RESOLVED
 from specbench.run.backend import Backend, MethodRun, backend_class
 from specbench.run.config import check_values, selected_subtasks
-from specbench.run.dataset import check_writable, load_dataset
+from specbench.run.dataset import check_writable, load_dataset, long_inputs
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.prepare import FIND_ONLY, prepare_parts
-from specbench.run.provenance import comparable_identity
+from specbench.run.provenance import comparable_identity, identity_hash, question_fingerprint
 from specbench.run.shards import shard, shard_dir
 
 
@@ -91,7 +93,7 @@ class RunResult:
     def folder(self, label: str, run: int) -> Path:
         c = self.cfg
         folder = run_dir(c.output_dir, c.dataset.name, c.model.name, label, float(c.temperature), run,
-                         self.batch_size)
+                         self.batch_size, parse_length(c.get("length")))
         return folder / shard_dir(c.shard) if c.shard else folder
 
     def failures(self) -> list[Outcome]:
@@ -106,7 +108,8 @@ class Runner:
         self.cls = backend or backend_class(cfg)
         cfg = self.cls.filed_config(cfg)
         subtasks = selected_subtasks(cfg.task)
-        self.all_questions = data.select(load_dataset(cfg.dataset), subtasks, cfg.limit)
+        self.dataset = load_dataset(cfg.dataset)
+        self.all_questions = data.select(self.dataset, subtasks, cfg.limit)
         self.questions = shard(self.all_questions, cfg.shard)
         if not self.questions:
             raise SpecbenchError(f"no questions of task {subtasks} in {cfg.dataset.path}")
@@ -122,6 +125,9 @@ class Runner:
         ends the run at the next question boundary, whichever phase it falls in."""
         RESOLVED.clear()  # what this run resolves (its meta's weights_origin), not an earlier run's of the process
         prepare_parts(self.cls.parts(self.cfg, self.phases))
+        if (tokens := parse_length(self.cfg.get("length"))) is not None:  # long inputs: the model's tokens
+            self.questions = long_inputs(self.cfg, self.questions, self.dataset, tokens)
+        self.question_ids = {q.question_id: question_fingerprint(q) for q in self.questions}  # as answered
         with find_only(FIND_ONLY), interrupt_flag() as interrupted:
             self.interrupted = interrupted
             self.backend: Backend = self.cls(self.cfg, self.questions)
@@ -144,15 +150,18 @@ class Runner:
         when it holds every answer. Answers of another config are never mixed in."""
         if self.cfg.overwrite and folder.exists():
             shutil.rmtree(folder)
+        identity = method.identity
         before = read_meta(folder / META)
         stored = comparable_identity(before.get("identity")) if before is not None else None
-        if before is not None and stored != method.identity:
-            changed = sorted(k for k in method.identity if (stored or {}).get(k) != method.identity[k])
+        if before is not None and stored != identity:
+            changed = sorted(k for k in identity if (stored or {}).get(k) != identity[k])
             raise SpecbenchError(
                 f"{folder} holds answers made with a different config ({', '.join(changed)} differ); "
                 "use overwrite=true to replace them or output_dir=... to keep both"
             )
-        done = {r["question_id"] for r in read_answers(folder / ANSWERS, repair=True)}
+        kept = read_answers(folder / ANSWERS, repair=True)
+        check_records(folder, kept, identity_hash(identity), self.question_ids, meta=before is not None)
+        done = {r["question_id"] for r in kept}
         repair_torn_tail(folder / ERRORS)  # a torn error row would glue onto the next one
         todo = self.backend.todo(method, [q for q in self.questions if q.question_id not in done])
         label = f"{method.label} run {run}" + (f" shard {self.cfg.shard}" if self.cfg.shard else "")
@@ -162,7 +171,7 @@ class Runner:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
             return None
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"identity": method.identity, "facts": method.facts,
+        meta = {"identity": identity, "identity_hash": identity_hash(identity), "facts": method.facts,
                 "config": OmegaConf.to_container(self.cfg, resolve=True), **self.backend.lane_meta(method),
                 "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
                 "started": time.time()}
@@ -244,6 +253,9 @@ class Runner:
                 outcome.first_error = outcome.first_error or f"question {question.question_id}: {reason}"
             return
         for record in records:
+            # what a resume checks, meta or not: the run's identity and the question as it was asked
+            record[EXTRA_KEY].update(identity=lane.meta["identity_hash"],
+                                     question=self.question_ids[record["question_id"]])
             writer.write(stamp(record, str(self.cfg.model.name), lane.method.label, lane.run))
             outcome.written += 1
             lane.tokens += sum(record["choices"][0]["new_tokens"])
@@ -265,7 +277,7 @@ def write_metas(lanes: list[Lane], failing: bool = False) -> None:
     for lane in lanes:
         try:
             write_meta(lane.folder / META, lane.meta)
-        except OSError:
+        except SpecbenchError:
             if not failing:
                 raise
 
@@ -281,3 +293,28 @@ def interruption(lanes: list[Lane]) -> KeyboardInterrupt:
 def run(cfg: DictConfig) -> RunResult:
     """`python -m specbench run`: the run's backend (configs/backend/) answers the questions."""
     return Runner(cfg).run()
+
+
+def check_records(folder: Path, records: list[dict[str, Any]], expected: str, questions: dict[int, str], *,
+                  meta: bool) -> None:
+    """Answers already in `folder` are resumed only when each carries this run's identity hash and its
+    question is the one this run asks (`questions`: id -> fingerprint): a record of another identity (its
+    meta.json edited or replaced), of a question edited since, or, without meta.json, a record that cannot
+    tell (written before records carried it) is a one-line refusal, never a guess."""
+    for record in records:
+        extra = record.get(EXTRA_KEY) or {}
+        asked, qid = extra.get("question"), record.get("question_id")
+        if asked is not None and qid in questions and asked != questions[qid]:
+            raise SpecbenchError(
+                f"{folder} holds an answer to question {qid} as it was asked before (the question file was edited or "
+                "replaced since); use overwrite=true to replace them or output_dir=... to keep both")
+        found = extra.get("identity")
+        if found == expected:
+            continue
+        if found is None and meta:
+            continue  # written before records carried the hash; its meta.json's identity was checked above
+        why = (f"holds answers without a meta.json and without their run's identity (question "
+               f"{record.get('question_id')}), so what made them cannot be told" if found is None else
+               f"holds answers of another run (question {record.get('question_id')}: identity {found}, this run "
+               f"{expected}){'' if meta else '; its meta.json is missing'}")
+        raise SpecbenchError(f"{folder} {why}; use overwrite=true to replace them or output_dir=... to keep both")

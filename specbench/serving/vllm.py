@@ -33,6 +33,7 @@ from specbench.core.prompts import prompt_ids
 from specbench.core.record import AnswerRecord, Turn
 from specbench.core.stopping import answer_text, eos_token_ids
 from specbench.models import resolve_path
+from specbench.run.provenance import parts_identity
 from specbench.serving.client import Client, Completion, ServerError
 from specbench.serving.metrics import Counters, step_lengths
 from specbench.serving.server import Server, fill, free_port
@@ -159,7 +160,11 @@ class VllmBackend:
                 "template": c.model.template, "preset": {"name": name, "speculative_config":
                                                          self.speculative_config(name)},
                 "dtype": str(self.backend.dtype), "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k,
-                "max_new_tokens": c.max_new_tokens, "seed": c.seed}
+                "max_new_tokens": c.max_new_tokens, "seed": c.seed,
+                "stop_strings": list(c.model.get("stop_strings") or []),
+                "parts": parts_identity([str(c.model.path),
+                                         str((self.speculative_config(name) or {}).get("model") or "")]),
+                **({"length": c.length} if c.get("length") is not None else {})}
 
     def lane_meta(self, preset: Preset) -> dict[str, Any]:
         return {"environment": {"engine": "vllm", "python": platform.python_version(), "machine": platform.machine(),
