@@ -353,7 +353,7 @@ TRAIN_CASES = [
       "method.train.num_heads=4"],
      r"Medusa training needs documents of at least 6 tokens"),
     (["method=medusa", "model=local", "model.path={small}", "corpus={root}/short.jsonl"],
-     r"gives token id \d+ but the model embeds only 100 tokens"),
+     r"its tokenizer makes token ids up to \d+ but its embedding has only 100 rows"),
 ]
 
 

@@ -79,7 +79,7 @@ def test_other_trees_and_budgets(targets, medusa_heads, eagle_heads, arch):
 def test_eagle2_trees_respect_the_budget(targets, eagle_heads):
     target = targets["llama"]
     method = build_method(method_cfg("eagle2", head=str(eagle_heads["llama"]), depth=4, top_k=3,
-                                      total_tokens=9), target, EMPTY)
+                                      total_tokens=9, budget="fixed"), target, EMPTY)  # the preset's trees
     results = assert_matches_baseline(method, target, lengths=(40,))
     lengths = [n for r in results for n in r.stats["draft_lengths"]]
     depths = [d for r in results for d in r.stats["draft_depths"]]

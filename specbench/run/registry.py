@@ -45,7 +45,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -136,7 +135,10 @@ def _yaml_loader(path: Path) -> Callable[[], DictConfig]:
     def load() -> DictConfig:
         try:
             cfg = OmegaConf.load(path)
-        except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, OmegaConf's errors, and PyYAML's, which it raises as they are
+            if not isinstance(exc, (OSError, OmegaConfBaseException, ValueError)) and not type(
+                    exc).__module__.startswith("yaml"):
+                raise
             where = getattr(exc, "problem_mark", None)
             at = f" (line {where.line + 1})" if where is not None else ""
             raise SpecbenchError(f"cannot read method config {path}: {str(exc).strip().splitlines()[0]}{at}") from None
