@@ -198,6 +198,13 @@ def resolver_names() -> list[str]:
     return sorted(names)
 
 
+def is_part(spec: str) -> bool:
+    """`spec` names a registered part (`prefix:NAME` with a resolver, not an existing path): what a run
+    builds before its clock and fingerprints for its identity."""
+    prefix, sep, _ = spec.partition(":")
+    return bool(sep) and prefix.isidentifier() and not os.path.exists(spec) and find_resolver(prefix) is not None
+
+
 def resolve_path(spec: str) -> str:
     """A hub id or folder as given; a GGUF file is the folder it converts to (once, cached);
     a registered `prefix:NAME` goes through its resolver (the zoo's `zoo:NAME` builds on demand)."""

@@ -458,15 +458,10 @@ def write_batches(groups: list[Group], out_dir: Path, figures: bool) -> list[Pat
     """<dataset>-<model>[-temp-t]-batch.{md,csv} (and the figure) where several batch sizes exist."""
     written: list[Path] = []
     for key, points in batch_points(groups).items():
-        headers, rows = batch_table(points)
-        md = out_dir / f"{batch_stem(key)}.md"
         title = f"{key[0]} / {key[1]} / temperature {key[2]:g}"
-        md.write_text(f"# Speedup against batch size: {title}\n\n{markdown(headers, rows)}\n\n"
-                      f"{crossover_line(points)}\n\n{BATCH_NOTE}\n", encoding="utf-8")
-        frame = pd.DataFrame([batch_row(p) for p in points])
-        csv_path = out_dir / f"{batch_stem(key)}.csv"
-        frame.round(4).to_csv(csv_path, index=False, na_rep="nan", lineterminator="\r\n", encoding="utf-8")
-        written += [md, csv_path]
+        written += write_points(out_dir / batch_stem(key), f"Speedup against batch size: {title}",
+                                f"{markdown(*batch_table(points))}\n\n{crossover_line(points)}\n\n{BATCH_NOTE}",
+                                [batch_row(p) for p in points])
         if figures:
             from specbench.presentation.figures import batch_figure
 
@@ -490,6 +485,20 @@ def length_stem(key: tuple[str, str, float, int]) -> str:
             + (f"-batch-{batch}" if batch > 1 else "") + "-length")
 
 
+def length_title(key: tuple[str, str, float, int]) -> str:
+    dataset, model, temperature, batch = key
+    return f"{dataset} / {model} / temperature {temperature:g}" + (f" / batch size {batch}" if batch > 1 else "")
+
+
+def write_points(base: Path, heading: str, body: str, rows: list[dict[str, Any]]) -> list[Path]:
+    """<base>.md (the heading, then the table and its notes) and <base>.csv (one row per point, 4 decimals):
+    the batch-size and input-length tables."""
+    md, csv_path = Path(f"{base}.md"), Path(f"{base}.csv")
+    md.write_text(f"# {heading}\n\n{body}\n", encoding="utf-8")
+    pd.DataFrame(rows).round(4).to_csv(csv_path, index=False, na_rep="nan", lineterminator="\r\n", encoding="utf-8")
+    return [md, csv_path]
+
+
 def length_table(points: list[LengthPoint]) -> tuple[list[str], list[list[str]]]:
     """One row per method, one column per input length: speedup / mean accepted (the baseline: tok/s)."""
     lengths = sorted({p.length for p in points}, key=lambda n: -1 if n is None else n)
@@ -507,8 +516,7 @@ def length_table(points: list[LengthPoint]) -> tuple[list[str], list[list[str]]]
 def lengths_console(groups: list[Group]) -> str:
     parts = []
     for key, points in length_points(groups).items():
-        parts.append(f"\nInput lengths: {key[0]} / {key[1]} / temperature {key[2]:g}"
-                     f"{f' / batch size {key[3]}' if key[3] > 1 else ''}\n\n{markdown(*length_table(points))}\n")
+        parts.append(f"\nInput lengths: {length_title(key)}\n\n{markdown(*length_table(points))}\n")
     return "".join(parts)
 
 
@@ -517,14 +525,9 @@ def write_lengths(groups: list[Group], out_dir: Path, figures: bool) -> list[Pat
     written: list[Path] = []
     for key, points in length_points(groups).items():
         out_dir.mkdir(parents=True, exist_ok=True)
-        title = f"{key[0]} / {key[1]} / temperature {key[2]:g}" + (f" / batch size {key[3]}" if key[3] > 1 else "")
-        md = out_dir / f"{length_stem(key)}.md"
-        md.write_text(f"# Speedup against input length: {title}\n\n{markdown(*length_table(points))}\n\n"
-                      f"{LENGTH_NOTE}\n", encoding="utf-8")
-        csv_path = out_dir / f"{length_stem(key)}.csv"
-        pd.DataFrame([vars(p) for p in points]).round(4).to_csv(csv_path, index=False, na_rep="nan",
-                                                               lineterminator="\r\n", encoding="utf-8")
-        written += [md, csv_path]
+        title = length_title(key)
+        written += write_points(out_dir / length_stem(key), f"Speedup against input length: {title}",
+                                f"{markdown(*length_table(points))}\n\n{LENGTH_NOTE}", [vars(p) for p in points])
         if figures:
             from specbench.presentation.figures import length_figure
 

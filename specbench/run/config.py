@@ -146,13 +146,14 @@ def check_compose(overrides: list[str], registry: Registry | None = None) -> Dic
     registry = registry or prepare(overrides)
     search = [f"hydra.searchpath=[{','.join('file://' + str(p) for p in registry.search)}]"] if registry.search else []
     with on_config_dir():
-        groups = [o for o in plain if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-        try:
-            base = compose("config", overrides=groups + search)  # the keys the chosen groups define
-        except (HydraException, OmegaConfBaseException):
-            base = None  # an unknown option: the full compose below names it
-        if base is not None:
-            check_keys(plain, base)
+        if checked := [o for o in plain if key_to_check(o.split("=", 1)[0])]:
+            groups = [o for o in plain if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+            try:
+                base = compose("config", overrides=groups + search)  # the keys the chosen groups define
+            except (HydraException, OmegaConfBaseException):
+                base = None  # an unknown option: the full compose below names it
+            if base is not None:
+                check_keys(checked, base)
         try:
             return compose("config", overrides=plain + search)
         except (HydraException, OmegaConfBaseException) as exc:
@@ -182,6 +183,15 @@ def _under_a_value(base: DictConfig, key: str) -> bool:
     return False
 
 
+def key_to_check(raw: str) -> bool:
+    """An override's key (`+`/`~` prefix kept) that `check_keys` must find: a nested or a `+` key, a
+    method's settings and Hydra's own aside (plain top-level keys are `check_overrides`' and a `~` deletes)."""
+    key = raw.lstrip("+~")
+    if key.split(".", 1)[0] in ("method", "hydra") or raw.startswith("~"):
+        return False
+    return "." in key or raw.startswith("+")
+
+
 def check_keys(overrides: list[str], base: DictConfig) -> None:
     """Every nested key and every `+` key of `overrides` is one the composed config defines (a method's
     settings aside: its own check names an unknown one), so a typo never does nothing: one line with the
@@ -191,10 +201,10 @@ def check_keys(overrides: list[str], base: DictConfig) -> None:
     known = set(flat_keys(OmegaConf.to_container(base, resolve=False)))
     for item in overrides:
         raw = item.split("=", 1)[0]
+        if not key_to_check(raw):
+            continue
         key = raw.lstrip("+~")
         root = key.split(".", 1)[0]
-        if root in ("method", "hydra") or raw.startswith("~") or ("." not in key and not raw.startswith("+")):
-            continue
         if key in OPTIONAL_KEYS or key in known or _under_a_value(base, key) or key.startswith(
                 tuple(m + "." for m in FREE_MAPS)):
             continue

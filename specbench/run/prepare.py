@@ -3,11 +3,10 @@ one line each; afterwards (specbench.core.files.find_only) resolving a path only
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-from specbench.models import find_resolver, resolve_path
+from specbench.models import is_part, resolve_path
 
 #: why a part cannot be built once the run has prepared its parts
 FIND_ONLY = ("a run builds every part it names before its clock starts (model.path, model.draft, the methods' "
@@ -19,8 +18,7 @@ def prepare_parts(specs: list[str]) -> None:
     resolvers) built, fetched or restored where this machine has not got it yet, one line each (a
     builder shows its own progress). Hub ids and folders are the model loader's."""
     for spec in dict.fromkeys(specs):
-        prefix, sep, _ = spec.partition(":")
-        if not sep or not prefix.isidentifier() or os.path.exists(spec) or find_resolver(prefix) is None:
+        if not is_part(spec):
             continue
         start = time.perf_counter()
         path = resolve_path(spec)

@@ -26,7 +26,7 @@ from specbench.core.hardware import cpu_info, device_name, run_command, total_me
 from specbench.core.questions import sha256_of
 from specbench.core.resources import cache_root, source_checkout
 from specbench.engine.api import DECODING_VERSION
-from specbench.models import LoadedModel, find_resolver, resolve_path
+from specbench.models import LoadedModel, is_part, resolve_path
 
 #: Method config keys that only label a method for people (tables, figures, suites): changing them
 #: must not make an answer folder refuse to resume.
@@ -142,31 +142,41 @@ MODEL_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.npy", "config.json", "mani
 FINGERPRINTS = "fingerprints.json"
 
 
+#: the fingerprint files read in this process (cache file -> its digests), so each is read once
+_DIGESTS: dict[Path, dict[str, str]] = {}
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's content, cached by (path, size, modification time) under the cache root, so a
+    10 GB model is read once per machine, not once per run or lane."""
+    cache_file = cache_root() / FINGERPRINTS
+    if cache_file not in _DIGESTS:
+        try:
+            _DIGESTS[cache_file] = json.loads(cache_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            _DIGESTS[cache_file] = {}
+    cache = _DIGESTS[cache_file]
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    if key not in cache:
+        cache[key] = sha256_of(path)
+        with contextlib.suppress(OSError):  # a cache that cannot be written costs time, never the run
+            write_atomic(cache_file, json.dumps(cache, sort_keys=True))
+    return cache[key]
+
+
 def content_fingerprint(path: str | os.PathLike) -> str | None:
     """Short SHA-256 over the content of a local file or folder (every file under it, by relative path,
     bookkeeping aside): what a run's answers depend on of a model, draft, head or datastore. None for a
-    path that is not on this machine (a hub id: its id is the identity). Each file's digest is cached
-    by (path, size, modification time) under the cache root, so a 10 GB model is read once."""
+    path that is not on this machine (a hub id: its id is the identity)."""
     root = Path(os.path.expanduser(str(path)))
     if not root.exists() or (root.is_dir() and not any(root.glob(p) for p in MODEL_FILES)):
         return None  # a folder that holds no model, head or datastore is no part (".", a results folder)
     files = [root] if root.is_file() else sorted(
         f for f in root.rglob("*") if f.is_file() and f.name not in NOT_CONTENT and not f.name.endswith(".lock"))
-    cache_file = cache_root() / FINGERPRINTS
-    try:
-        cache = json.loads(cache_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cache = {}
-    digest, changed = hashlib.sha256(), False
+    digest = hashlib.sha256()
     for f in files:
-        st = f.stat()
-        key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-        if key not in cache:
-            cache[key], changed = sha256_of(f), True
-        digest.update(f"{f.relative_to(root) if f != root else f.name}:{cache[key]}\n".encode())
-    if changed:
-        with contextlib.suppress(OSError):  # a cache that cannot be written costs time, never the run
-            write_atomic(cache_file, json.dumps(cache, sort_keys=True))
+        digest.update(f"{f.relative_to(root) if f != root else f.name}:{file_digest(f)}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -178,17 +188,12 @@ def parts_identity(specs: list[str]) -> dict[str, str]:
         if not spec or "\n" in spec:
             continue
         try:
-            path = resolve_path(spec) if looks_like_part(spec) else spec
+            path = resolve_path(spec) if is_part(spec) else spec
         except SpecbenchError:
             continue
         if (found := content_fingerprint(path)) is not None:
             out[spec] = found
     return out
-
-
-def looks_like_part(spec: str) -> bool:
-    prefix, sep, _ = spec.partition(":")
-    return bool(sep) and prefix.isidentifier() and not os.path.exists(spec) and find_resolver(prefix) is not None
 
 
 def question_fingerprint(question: Any) -> str:
@@ -212,7 +217,7 @@ def weights_fingerprint(folder: str) -> str | None:
         return None
     digest = hashlib.sha256()
     for file in files:
-        digest.update(sha256_of(file).encode())
+        digest.update(file_digest(file).encode())
     return digest.hexdigest()[:16]
 
 
@@ -222,15 +227,15 @@ def identity(cfg: DictConfig, method_cfg: DictConfig, dtype: torch.dtype, parts:
     dataset and model, the method's resolved settings, the generation settings, the dtype, the
     engine's decoding version and `parts`, the content fingerprints of the weights it reads
     (`parts_identity`). Each answer record carries its hash and its question's fingerprint as well."""
-    batch = {}  # batch size 1: as before batching existed
+    optional = {}  # batch size 1 and inputs as they are: as before batching and long inputs existed
     if int(cfg.get("batch_size", 1)) > 1:
-        batch = {"batch_size": int(cfg.batch_size), "batch_mode": str(cfg.batch_mode)}
+        optional = {"batch_size": int(cfg.batch_size), "batch_mode": str(cfg.batch_mode)}
         if cfg.batch_mode == "continuous":
-            batch["batch_queue"] = int(cfg.batch_queue)
+            optional["batch_queue"] = int(cfg.batch_queue)
     if cfg.get("length") is not None:  # long inputs: the first turns' length in tokens
-        batch["length"] = cfg.length
+        optional["length"] = cfg.length
     return {
-        **batch,
+        **optional,
         "dataset": cfg.dataset.name,
         "model": cfg.model.path,
         "template": cfg.model.template,

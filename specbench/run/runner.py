@@ -150,17 +150,15 @@ class Runner:
         when it holds every answer. Answers of another config are never mixed in."""
         if self.cfg.overwrite and folder.exists():
             shutil.rmtree(folder)
-        identity = method.identity
+        identity, hashed = method.identity, identity_hash(method.identity)
         before = read_meta(folder / META)
         stored = comparable_identity(before.get("identity")) if before is not None else None
         if before is not None and stored != identity:
             changed = sorted(k for k in identity if (stored or {}).get(k) != identity[k])
-            raise SpecbenchError(
-                f"{folder} holds answers made with a different config ({', '.join(changed)} differ); "
-                "use overwrite=true to replace them or output_dir=... to keep both"
-            )
+            raise SpecbenchError(f"{folder} holds answers made with a different config ({', '.join(changed)} differ); "
+                                 f"{KEEP_BOTH}")
         kept = read_answers(folder / ANSWERS, repair=True)
-        check_records(folder, kept, identity_hash(identity), self.question_ids, meta=before is not None)
+        check_records(folder, kept, hashed, self.question_ids, meta=before is not None)
         done = {r["question_id"] for r in kept}
         repair_torn_tail(folder / ERRORS)  # a torn error row would glue onto the next one
         todo = self.backend.todo(method, [q for q in self.questions if q.question_id not in done])
@@ -171,7 +169,7 @@ class Runner:
             print(f"{label}: all {len(self.questions)} answers already in {folder}", file=sys.stderr)
             return None
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"identity": identity, "identity_hash": identity_hash(identity), "facts": method.facts,
+        meta = {"identity": identity, "identity_hash": hashed, "facts": method.facts,
                 "config": OmegaConf.to_container(self.cfg, resolve=True), **self.backend.lane_meta(method),
                 "expected_questions": [q.question_id for q in self.all_questions],  # all shards together
                 "started": time.time()}
@@ -295,6 +293,10 @@ def run(cfg: DictConfig) -> RunResult:
     return Runner(cfg).run()
 
 
+#: how to go on when a folder holds answers this run may not resume
+KEEP_BOTH = "use overwrite=true to replace them or output_dir=... to keep both"
+
+
 def check_records(folder: Path, records: list[dict[str, Any]], expected: str, questions: dict[int, str], *,
                   meta: bool) -> None:
     """Answers already in `folder` are resumed only when each carries this run's identity hash and its
@@ -305,9 +307,8 @@ def check_records(folder: Path, records: list[dict[str, Any]], expected: str, qu
         extra = record.get(EXTRA_KEY) or {}
         asked, qid = extra.get("question"), record.get("question_id")
         if asked is not None and qid in questions and asked != questions[qid]:
-            raise SpecbenchError(
-                f"{folder} holds an answer to question {qid} as it was asked before (the question file was edited or "
-                "replaced since); use overwrite=true to replace them or output_dir=... to keep both")
+            raise SpecbenchError(f"{folder} holds an answer to question {qid} as it was asked before (the question "
+                                 f"file was edited or replaced since); {KEEP_BOTH}")
         found = extra.get("identity")
         if found == expected:
             continue
@@ -317,4 +318,4 @@ def check_records(folder: Path, records: list[dict[str, Any]], expected: str, qu
                f"{record.get('question_id')}), so what made them cannot be told" if found is None else
                f"holds answers of another run (question {record.get('question_id')}: identity {found}, this run "
                f"{expected}){'' if meta else '; its meta.json is missing'}")
-        raise SpecbenchError(f"{folder} {why}; use overwrite=true to replace them or output_dir=... to keep both")
+        raise SpecbenchError(f"{folder} {why}; {KEEP_BOTH}")
