@@ -149,19 +149,15 @@ def test_bad_checkpoints_get_clear_errors(targets, eagle3_heads, tmp_path):
         torch.save(state, folder / "pytorch_model.bin")
         return folder
 
-    with pytest.raises(SpecbenchError, match="not an EAGLE-3 head"):
-        load_eagle3(copy("eagle1", {"architectures": ["LlamaForCausalLM"], "specbench_head": "eagle"}), d, vocab, CPU,
-                    torch.float32)
+    # EAGLE's loader never reads `architectures`: a head whose config names plain Llama is still EAGLE-3
+    plain = load_eagle3(copy("plain", {"architectures": ["LlamaForCausalLM"]}), d, vocab, CPU, torch.float32)
+    assert "config names LlamaForCausalLM (never read)" in plain.provenance["variant"]
     with pytest.raises(SpecbenchError, match="hidden size .* trained for another model"):
         load_eagle3(eagle3_heads["llama"], d * 2, vocab, CPU, torch.float32)
-    with pytest.raises(SpecbenchError, match="draft_vocab_size is None"):
-        load_eagle3(copy("novocab", {"draft_vocab_size": None}), d, vocab, CPU, torch.float32)
+    with pytest.raises(SpecbenchError, match="draft_vocab_size is 'many', expected a positive integer"):
+        load_eagle3(copy("badvocab", {"draft_vocab_size": "many"}), d, vocab, CPU, torch.float32)
     with pytest.raises(SpecbenchError, match="missing midlayer.hidden_norm.weight"):
         load_eagle3(copy("nonorm", state_changes={"midlayer.hidden_norm.weight": None}), d, vocab, CPU, torch.float32)
-    bad_map = torch.load(eagle3_heads["llama"] / "pytorch_model.bin", weights_only=True)["d2t"].clone()
-    bad_map[-1] += vocab
-    with pytest.raises(SpecbenchError, match="d2t maps draft tokens outside"):
-        load_eagle3(copy("badmap", state_changes={"d2t": bad_map}), d, vocab, CPU, torch.float32)
 
 
 def test_train_head_command_writes_a_loadable_head(targets, tiny_models, tmp_path):

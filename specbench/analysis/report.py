@@ -22,6 +22,7 @@ from specbench.analysis.runs import (
     group_runs,
     load_runs,
     method_facts,
+    method_heads,
     method_memory,
     run_contention,
 )
@@ -47,6 +48,7 @@ class MethodResult:
     contended: list[dict[str, Any]] = field(default_factory=list)  # runs.run_contention of its flagged runs
     unverified: list[int] = field(default_factory=list)  # its runs without a meta.json (runs.check_identities)
     memory: dict[str, Any] | None = None  # runs.method_memory: measured peak and drafter weights
+    heads: list[str] = field(default_factory=list)  # runs.method_heads: the published heads it loaded
     stream: dict[str, Any] | None = None  # audit.stream_acceptance: acceptance across the question stream
     steps: dict[str, float | None] = field(default_factory=dict)  # audit.step_costs: nodes, draft, verify per step
 
@@ -128,6 +130,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.contended = [c for run in runs if (c := run_contention(run))]
         result.unverified = [run.run for run in runs if run.unverified]
         result.memory = method_memory(runs)
+        result.heads = method_heads(runs)
         result.steps = costs.get(name, {})
         twin = str(result.facts.get("static_twin") or "")
         result.stream = audit.stream_acceptance(runs, twin=group.methods.get(twin) if twin else None)

@@ -333,3 +333,19 @@ def method_memory(runs: list[Run]) -> dict[str, Any] | None:
         return None
     peak, how = max(peaks) if peaks else (None, None)
     return {"peak_bytes": peak, "measured_by": how, "drafter_bytes": drafter}
+
+
+def method_heads(runs: list[Run]) -> list[str]:
+    """One provenance line per published or outside head a method's runs loaded (meta `heads`: what
+    `method.head` named, the format and variant recognised, the weight file's sha256); the zoo's and a
+    kit's own parts are named by their fingerprints elsewhere (weights_origin) and left out."""
+    from specbench.heads.checkpoint import record_line
+    from specbench.models import is_part
+
+    lines: dict[str, None] = {}
+    for meta in (m for run in runs for m in run.part_metas):
+        for record in meta.get("heads") or []:
+            if isinstance(record, dict) and {"head", "format", "variant", "file", "sha256"} <= set(record) \
+                    and not is_part(str(record["head"])):
+                lines[record_line(record)] = None
+    return list(lines)

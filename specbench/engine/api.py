@@ -180,6 +180,12 @@ class Method:
         loaded modules; 0 for training-free methods."""
         return 0
 
+    def provenance(self) -> list[dict[str, str]]:
+        """Where the method's loaded heads came from (specbench.heads.checkpoint.head_record: what
+        `method.head` named, the format and variant recognised, the weight file's sha256), for meta.json."""
+        loaded = (getattr(self, name, None) for name in ("head", "heads"))
+        return [dict(m.provenance) for m in loaded if isinstance(getattr(m, "provenance", None), dict)]
+
     def reset(self) -> None:
         """Forget state carried across questions (called at the start of every run)."""
 

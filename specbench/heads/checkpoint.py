@@ -10,13 +10,44 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from specbench.core.digests import file_digest
 from specbench.core.errors import SpecbenchError
+from specbench.core.hub import download_checked, is_hub_id, listing
+
+#: what `method.head` named for each folder a head was loaded from (a path, a hub id, `zoo:NAME`), and
+#: the hub's `repo@commit` for a downloaded one: the head's provenance line names them
+_NAMED: dict[Path, str] = {}
+_FROM_HUB: dict[Path, str] = {}
+
+
+def warn(line: str) -> None:
+    """One `warning:` line on stderr (a head loaded with a tolerated difference, named, never silent)."""
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def head_record(folder: Path, weights: Path, fmt: str, variant: str) -> dict[str, str]:
+    """Where a loaded head came from, for meta.json and the report: what `method.head` named, the hub's
+    `repo@commit` when it was downloaded, the format and the variant recognised, the weight file and its
+    sha256."""
+    record = {"head": _NAMED.get(folder, str(folder)), "format": fmt, "variant": variant, "file": weights.name,
+              "sha256": file_digest(weights)}
+    if folder in _FROM_HUB:
+        record["hub"] = _FROM_HUB[folder]
+    return record
+
+
+def record_line(record: dict[str, str]) -> str:
+    """A head's provenance in one line: `yuhuili/EAGLE-Vicuna-7B-v1.3 (EAGLE-1, ...; pytorch_model.bin sha256 ...)`."""
+    where = record.get("hub") or record["head"]
+    return (f"{where}: {record['format']} ({record['variant']}), {record['file']} sha256 "
+            f"{record['sha256'][:16]}")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -97,9 +128,11 @@ def check_keys(state: dict[str, torch.Tensor], expected: dict[str, tuple[int, ..
             )
 
 
-def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Path:
-    """The folder that `spec` (the method's `head` setting) names: a path, or `zoo:NAME` / `KIT:NAME`
-    (built if needed).
+def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str, weight_files: tuple[str, ...] = ()
+                ) -> Path:
+    """The folder that `spec` (the method's `head` setting) names: a path, `zoo:NAME` / `KIT:NAME`
+    (built if needed), or a hub id `owner/name[@revision]` (its config.json and the first of
+    `weight_files` the repository has, downloaded and checked against the hub's checksums).
 
     The zoo's and a kit's heads are trained for their own target only: for any other model they
     are refused before they would be built for nothing.
@@ -121,13 +154,39 @@ def head_folder(spec: str | None, model_cfg: Any, method: str, kind: str) -> Pat
     prefix, sep, _ = spec.partition(":")
     if sep and prefix.isidentifier() and not Path(spec).exists():
         folder = Path(resolve_path(spec))  # a registered prefix:NAME
+    elif is_hub_id(spec) and weight_files:
+        folder = hub_head(spec, kind, weight_files)
     else:
         folder = Path(spec).expanduser()
     if not folder.is_dir():
         what = "is a file, not a folder" if folder.exists() else "is not a folder (it does not exist)"
         raise SpecbenchError(f"{kind} head '{spec}' {what}; give method.head= the folder of a published or trained "
-                             f"{kind} head")
+                             f"{kind} head, or its hub id (owner/name)")
+    _NAMED[folder] = spec
     return folder
+
+
+def hub_head(spec: str, kind: str, weight_files: tuple[str, ...]) -> Path:
+    """A published head from the hub (`owner/name[@revision]`): its config.json and first weight file,
+    each checked against the hub's checksum; the folder they are in (the hub's cache)."""
+    repo, _, revision = spec.partition("@")
+    local = f"download it where the hub answers (huggingface-cli download {repo} --local-dir DIR) and set " \
+            "method.head=DIR"
+    try:
+        commit, listed = listing(repo, revision or "main", ["config.json", *weight_files])
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"{kind} head {spec}: {exc}; {local}") from None
+    weights = next((name for name in weight_files if name in listed), None)
+    if "config.json" not in listed or weights is None:
+        raise SpecbenchError(f"{kind} head {spec}: the hub repository has no "
+                             f"{'config.json' if weights else ' nor '.join(weight_files)}; is it a {kind} head?")
+    try:
+        config = download_checked(repo, "config.json", commit, listed["config.json"])
+        download_checked(repo, weights, commit, listed[weights])
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"{kind} head {spec}: {exc}; or {local}") from None
+    _FROM_HUB[config.parent] = f"{repo}@{commit}"
+    return config.parent
 
 
 def target_dims(model: torch.nn.Module) -> tuple[int, int, torch.nn.Module]:

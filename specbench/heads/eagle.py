@@ -25,10 +25,20 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from specbench.core.errors import SpecbenchError
-from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
+from specbench.heads.checkpoint import (
+    check_keys,
+    head_record,
+    read_config,
+    read_state_dict,
+    warn,
+    weights_file,
+    write_state_dict,
+)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-IGNORED_KEYS = ("embed_tokens.weight",)
+#: frozen copies of the target's own tensors that releases may hold: the target's are used (upstream's
+#: loader overwrites its own embedding with the same values; a head converted for vLLM holds its LM head)
+IGNORED_KEYS = ("embed_tokens.weight", "lm_head.weight")
 
 
 class HeadCache:
@@ -239,6 +249,9 @@ def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.de
     if "medusa_num_heads" in raw or raw.get("specbench_head") == "medusa":
         raise SpecbenchError(f"head folder {folder} holds a Medusa head, not an EAGLE one; use it with method=medusa "
                              "or give method.head= an EAGLE head folder")
+    if "draft_vocab_size" in raw or raw.get("specbench_head") == "eagle3":
+        raise SpecbenchError(f"head folder {folder} holds an EAGLE-3 head (its config.json has draft_vocab_size); use "
+                             "it with method=eagle3, or give method.head= an EAGLE-1 head folder")
     for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
         if key not in raw:
             raise SpecbenchError(f"EAGLE head config {path} has no '{key}' (expected a Llama config)")
@@ -269,18 +282,45 @@ def load_eagle(folder: Path, hidden_size: int, vocab_size: int, device: torch.de
     path = weights_file(folder, WEIGHT_FILES, "EAGLE")
     state = read_state_dict(path)
     n_layers = int(config.num_hidden_layers)
+    variant = []
+    # The number of layers is the config's (upstream builds num_hidden_layers of them); more in the file
+    # are left out, named.
+    beyond = tuple(k for k in state if k.startswith("layers.") and k.split(".")[1].isdigit()
+                   and int(k.split(".")[1]) >= n_layers)
+    extra = sorted({int(k.split(".")[1]) for k in beyond})
+    if extra:
+        warn(f"EAGLE head {path}: the weights hold layers {extra[0]}-{extra[-1]} beyond config.json's "
+             f"num_hidden_layers={n_layers}; using the config's {n_layers} (as EAGLE's loader does)")
     # Support what the release has (no input_layernorm on layer 0) and heads trained with one.
     input_norms = tuple(f"layers.{i}.input_layernorm.weight" in state for i in range(n_layers))
-    bias = "fc.bias" in state if "fc.weight" in state else bool(raw.get("bias", True))
+    variant.append("layer 0 with input_layernorm" if input_norms and input_norms[0]
+                   else "layer 0 without input_layernorm (the release's)")
+    # fc's bias: the weights decide (they are what was trained); config.json's `bias` (EAGLE's default:
+    # true) is only a cross-check.
+    said = bool(raw.get("bias", True))
+    bias = "fc.bias" in state if "fc.weight" in state else said
+    if bias != said:
+        warn(f"EAGLE head {path}: config.json says bias={'true' if said else 'false'}"
+             f"{'' if 'bias' in raw else ' (absent: EAGLE defaults to true)'} but the weights "
+             f"{'hold' if bias else 'have no'} fc.bias; using the weights (fc {'with' if bias else 'without'} bias)")
+    variant.append("fc with bias" if bias else "fc without bias")
+    if config.attention_bias:
+        variant.append("q/k/v bias")
     try:
         head = EagleHead(config, bias=bias, input_norms=input_norms)
     except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # e.g. an unknown rope_type
         raise SpecbenchError(f"EAGLE head config {folder / 'config.json'} cannot build a head: "
                              f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}") from None
-    check_keys(state, head.expected_shapes(), path, "EAGLE", "EAGLE-1 (fc.*, layers.N.*)", ignore=IGNORED_KEYS)
-    embed = state.get("embed_tokens.weight")
-    if embed is not None and embed.shape[-1] != hidden_size:
-        raise SpecbenchError(f"EAGLE head {path}: embed_tokens.weight is {tuple(embed.shape)}, "
-                             f"the target's width is {hidden_size}")
-    head.load_state_dict({k: v for k, v in state.items() if k not in IGNORED_KEYS}, strict=True)
+    check_keys(state, head.expected_shapes(), path, "EAGLE", "EAGLE-1 (fc.*, layers.N.*)",
+               ignore=IGNORED_KEYS + beyond)
+    for key, rows in (("embed_tokens.weight", None), ("lm_head.weight", vocab_size)):
+        copy = state.get(key)
+        if copy is None:
+            continue
+        if copy.ndim != 2 or copy.shape[-1] != hidden_size or (rows is not None and copy.shape[0] != rows):
+            raise SpecbenchError(f"EAGLE head {path}: {key} is {tuple(copy.shape)}, the target's is "
+                                 f"({rows or vocab_size}, {hidden_size}); it was made for another model")
+        variant.append(f"{key.split('.')[0]} ignored (the target's)")
+    head.load_state_dict({k: v for k, v in state.items() if k not in IGNORED_KEYS + beyond}, strict=True)
+    head.provenance = head_record(folder, path, "EAGLE-1", ", ".join(variant))
     return place_head(head, device, dtype)

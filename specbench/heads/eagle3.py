@@ -35,11 +35,18 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specbench.core.errors import SpecbenchError
-from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
+from specbench.heads.checkpoint import (
+    check_keys,
+    head_record,
+    read_config,
+    read_state_dict,
+    warn,
+    weights_file,
+    write_state_dict,
+)
 from specbench.heads.eagle import EagleAttention, EagleMLP, HeadCache, place_head
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-IGNORED_KEYS = ("embed_tokens.weight",)
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
@@ -80,7 +87,7 @@ class Eagle3Head(nn.Module):
     """fc (3d -> d), the midlayer, norm and the draft LM head with its vocabulary map."""
 
     def __init__(self, config: LlamaConfig, draft_vocab_size: int, target_vocab_size: int,
-                 layers: tuple[int, ...] | None = None) -> None:
+                 layers: tuple[int, ...] | None = None, target_hidden: int | None = None) -> None:
         super().__init__()
         d = int(config.hidden_size)
         #: hidden_states indices the head was trained on when they are not the published rule's
@@ -91,7 +98,10 @@ class Eagle3Head(nn.Module):
                                  f"{target_vocab_size} (the target's) tokens")
         self.config = config
         self.draft_vocab_size, self.target_vocab_size = draft_vocab_size, target_vocab_size
-        self.fc = nn.Linear(3 * d, d, bias=False)
+        self.fc = nn.Linear(3 * (target_hidden or d), d, bias=False)
+        #: a head narrower or wider than its target (config.json `target_hidden_size`) embeds the tokens
+        #: itself, at its own width; None = the target's embedding
+        self.embed_tokens = nn.Embedding(target_vocab_size, d) if target_hidden and target_hidden != d else None
         self.midlayer = Eagle3Layer(config)
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(d, draft_vocab_size, bias=False)
@@ -154,29 +164,65 @@ def save_eagle3(head: Eagle3Head, folder: Path, base_model: str = "") -> Path:
     return folder
 
 
+def _eagle3_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
+    """The weights with vLLM's and SpecForge's `layers.0.` naming of the midlayer read as `midlayer.`
+    (EAGLE's own), and whether they were so named."""
+    renamed = "layers.0.hidden_norm.weight" in state and not any(k.startswith("midlayer.") for k in state)
+    if not renamed:
+        return state, False
+    return {("midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k): v
+            for k, v in state.items()}, True
+
+
 def load_eagle3(folder: Path, hidden_size: int, vocab_size: int, device: torch.device,
                 dtype: torch.dtype) -> Eagle3Head:
-    """An EAGLE-3 head from a folder, checked against the target's width and vocabulary."""
+    """An EAGLE-3 head from a folder, checked against the target's width and vocabulary, read as
+    EAGLE's own loader reads it (docs/methods.md, "Published heads"): `architectures` is never read
+    (EAGLE's training config writes plain LlamaForCausalLM), the draft vocabulary's size comes from
+    the weights when config.json has none or another one (warned), `d2t` is required only when that
+    vocabulary is smaller than the target's (t2d follows from it), and a head whose draft is narrower or
+    wider than the target (`target_hidden_size`) brings its own embedding."""
     raw = read_config(folder, "EAGLE-3")
     path = folder / "config.json"
-    if ARCHITECTURE not in (raw.get("architectures") or []) and raw.get("specbench_head") != "eagle3":
-        other = raw.get("specbench_head") or ("an EAGLE-1" if "hidden_size" in raw else "another kind of")
-        raise SpecbenchError(f"head folder {folder} is not an EAGLE-3 head (its config names no {ARCHITECTURE}; "
-                             f"it holds {other} head); give method.head= an EAGLE-3 folder")
-    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "draft_vocab_size"):
+    if "medusa_num_heads" in raw or "hydra_num_heads" in raw:
+        raise SpecbenchError(f"head folder {folder} holds a {'Medusa' if 'medusa_num_heads' in raw else 'Hydra'} "
+                             "head, not an EAGLE-3 one; give method.head= an EAGLE-3 folder")
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size"):
         value = raw.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecbenchError(f"EAGLE-3 head config {path}: {key} is {value!r}, expected a positive integer")
-    if raw["hidden_size"] != hidden_size:
-        raise SpecbenchError(f"EAGLE-3 head {folder} has hidden size {raw['hidden_size']} but the target has "
-                             f"{hidden_size}: it was trained for another model")
+    weights = weights_file(folder, WEIGHT_FILES, "EAGLE-3")
+    state, renamed = _eagle3_state(read_state_dict(weights))
+    if "draft_vocab_size" not in raw and "midlayer.hidden_norm.weight" not in state:
+        raise SpecbenchError(f"head folder {folder} holds an EAGLE-1 head (no draft_vocab_size in config.json, no "
+                             "hidden_norm in its weights); use it with method=eagle or eagle2, or give method.head= an "
+                             "EAGLE-3 folder")
+    target_hidden = raw.get("target_hidden_size")
+    own_embedding = target_hidden is not None and target_hidden != raw["hidden_size"]
+    if int(target_hidden if target_hidden is not None else raw["hidden_size"]) != hidden_size:
+        raise SpecbenchError(f"EAGLE-3 head {folder} reads a target of hidden size "
+                             f"{target_hidden if target_hidden is not None else raw['hidden_size']} but the target "
+                             f"has {hidden_size}: it was trained for another model")
     if "vocab_size" in raw and raw["vocab_size"] != vocab_size:
         raise SpecbenchError(f"EAGLE-3 head {folder} maps to a vocabulary of {raw['vocab_size']} tokens, the "
                              f"target has {vocab_size}: it was trained for another model")
+    variant = ["midlayer named layers.0 (vLLM / SpecForge)"] if renamed else []
+    # The draft vocabulary: the weights' lm_head rows decide; config.json's draft_vocab_size is a cross-check.
+    rows = state.get("lm_head.weight")
+    said = raw.get("draft_vocab_size")
+    if said is not None and (isinstance(said, bool) or not isinstance(said, int) or said < 1):
+        raise SpecbenchError(f"EAGLE-3 head config {path}: draft_vocab_size is {said!r}, expected a positive integer")
+    draft_vocab = int(rows.shape[0]) if rows is not None and rows.ndim == 2 else int(said or vocab_size)
+    if said is not None and said != draft_vocab:
+        warn(f"EAGLE-3 head {weights}: config.json says draft_vocab_size={said} but lm_head.weight has {draft_vocab} "
+             f"rows; using the weights' {draft_vocab}")
+    elif said is None:
+        variant.append("draft vocabulary size from lm_head.weight")
     try:
         config = LlamaConfig.from_dict({k: v for k, v in raw.items()
                                         if k not in ("architectures", "torch_dtype", "draft_vocab_size")})
         config.num_hidden_layers = 1
+        config.head_dim = int(config.hidden_size) // int(config.num_attention_heads)  # EAGLE's: hidden // heads
         if config.hidden_act not in ACT2FN:
             raise ValueError(f"unknown hidden_act {config.hidden_act!r}")
         layers = raw.get("eagle3_layers")
@@ -184,20 +230,45 @@ def load_eagle3(folder: Path, hidden_size: int, vocab_size: int, device: torch.d
                                    or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
             raise SpecbenchError(f"EAGLE-3 head config {path}: eagle3_layers is {layers!r}, expected three "
                                  "hidden_states indices")
-        head = Eagle3Head(config, int(raw["draft_vocab_size"]), vocab_size, layers)
+        head = Eagle3Head(config, draft_vocab, vocab_size, layers, target_hidden=hidden_size if own_embedding else None)
     except SpecbenchError:
         raise
     except Exception as exc:  # noqa: BLE001 - transformers' config validation raises several types
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SpecbenchError(f"EAGLE-3 head config {path} is not a usable Llama config: {reason}") from None
-    path = weights_file(folder, WEIGHT_FILES, "EAGLE-3")
-    state = read_state_dict(path)
+    arch = raw.get("architectures") or []
+    if ARCHITECTURE not in arch:
+        variant.append(f"config names {arch[0] if arch else 'no architecture'} (never read)")
+    mapped = draft_vocab < vocab_size
+    if not mapped:  # the whole vocabulary: EAGLE drops d2t / t2d and maps nothing
+        head.set_vocabulary(torch.arange(vocab_size))
+        variant.append("full vocabulary (d2t, t2d not used)")
+    elif "d2t" not in state:
+        raise SpecbenchError(f"EAGLE-3 head {weights}: missing d2t, the map of its {draft_vocab}-token draft "
+                             f"vocabulary into the target's {vocab_size} (EAGLE's loader would map draft id i to "
+                             "target id i)")
+    elif "t2d" not in state:
+        variant.append("t2d derived from d2t")
     expected = {k: tuple(v.shape) for k, v in head.state_dict().items()}
-    check_keys(state, expected, path, "EAGLE-3", "EAGLE-3 (fc, midlayer.*, norm, lm_head, d2t, t2d)",
-               ignore=IGNORED_KEYS)
-    head.load_state_dict({k: v for k, v in state.items() if k not in IGNORED_KEYS}, strict=True)
-    ids = head.target_ids()
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
-        raise SpecbenchError(f"EAGLE-3 head {path}: d2t maps draft tokens outside the target's {vocab_size} ids "
-                             "or two draft tokens to one target token")
+    ignored = tuple(k for k in ("embed_tokens.weight",) if not own_embedding) + \
+        (("d2t", "t2d") if not mapped else ("t2d",))
+    check_keys({k: v for k, v in state.items() if k not in ignored}, {k: s for k, s in expected.items()
+               if k not in ignored}, weights, "EAGLE-3", "EAGLE-3 (fc, midlayer.*, norm, lm_head, d2t, t2d)")
+    if not own_embedding and "embed_tokens.weight" in state:
+        variant.append("embed_tokens ignored (the target's)")
+    if own_embedding:
+        variant.append(f"own {raw['hidden_size']}-wide embedding for a {hidden_size}-wide target")
+    head.load_state_dict({k: v for k, v in state.items() if k not in ignored}, strict=False)
+    if mapped:
+        ids = torch.arange(draft_vocab) + state["d2t"].long()
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
+            raise SpecbenchError(f"EAGLE-3 head {weights}: d2t maps draft tokens outside the target's {vocab_size} ids "
+                                 "or two draft tokens to one target token")
+        t2d = state.get("t2d")
+        head.d2t.copy_(state["d2t"].long())  # in the file's order: lm_head's rows follow it
+        head.t2d.zero_()
+        head.t2d[ids] = True
+        if t2d is not None and not torch.equal(t2d.bool(), head.t2d):
+            warn(f"EAGLE-3 head {weights}: t2d disagrees with d2t; using d2t (as vLLM does)")
+    head.provenance = head_record(folder, weights, "EAGLE-3", ", ".join(variant) or "as released")
     return place_head(head, device, dtype)

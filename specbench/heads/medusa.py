@@ -18,7 +18,15 @@ import torch
 from torch import nn
 
 from specbench.core.errors import SpecbenchError
-from specbench.heads.checkpoint import check_keys, read_config, read_state_dict, weights_file, write_state_dict
+from specbench.heads.checkpoint import (
+    check_keys,
+    head_record,
+    read_config,
+    read_state_dict,
+    warn,
+    weights_file,
+    write_state_dict,
+)
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -83,22 +91,66 @@ def save_medusa(heads: MedusaHeads, folder: Path, base_model: str = "") -> Path:
     return folder
 
 
+def _medusa_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The head list's keys as Medusa's `medusa_lm_head.pt` names them (`{k}.{j}.linear.*`, `{k}.{L}.weight`),
+    from that layout, from a Medusa-2 model's `medusa_head.` prefix, or from vLLM's (`blocks.{k}.layers.{j}.*`,
+    `lm_heads.{k}.weight`; a block without a bias gets a zero one); and the variant's name."""
+    if any(k.startswith("medusa_head.") for k in state):
+        return {k.removeprefix("medusa_head."): v for k, v in state.items() if k.startswith("medusa_head.")}, \
+            "keys under medusa_head. (Medusa-2)"
+    if not any(k.startswith(("blocks.", "lm_heads.")) for k in state):
+        return state, None
+    out: dict[str, torch.Tensor] = {}
+    layers = 1 + max((int(k.split(".")[3]) for k in state if k.startswith("blocks.") and k.count(".") >= 4), default=-1)
+    for key, value in state.items():
+        parts = key.split(".")
+        if parts[0] == "blocks" and len(parts) == 5:  # blocks.{k}.layers.{j}.weight|bias
+            out[f"{parts[1]}.{parts[3]}.linear.{parts[4]}"] = value
+            if parts[4] == "weight" and f"blocks.{parts[1]}.layers.{parts[3]}.bias" not in state:
+                out[f"{parts[1]}.{parts[3]}.linear.bias"] = torch.zeros(value.shape[0], dtype=value.dtype)
+        elif parts[0] == "lm_heads" and len(parts) == 3:
+            out[f"{parts[1]}.{layers}.weight"] = value
+        else:
+            out[key] = value
+    return out, "vLLM's layout (blocks.*, lm_heads.*)"
+
+
 def load_medusa(folder: Path, hidden_size: int, vocab_size: int, device: torch.device,
                 dtype: torch.dtype) -> MedusaHeads:
-    """Medusa-1 heads from a folder, checked against the target's hidden size and vocabulary."""
+    """Medusa-1 heads from a folder, checked against the target's hidden size and vocabulary.
+
+    The weights decide how many heads and blocks there are (Medusa's own loaders read them
+    non-strictly under a config that published releases got wrong: medusa-vicuna-7b-v1.3's says 2
+    heads for the 5 it holds, and Medusa's newer loader forces 5); config.json's `medusa_num_heads`
+    and `medusa_num_layers` are a cross-check, warned about in one line when they disagree."""
     config = read_config(folder, "Medusa")
-    if "medusa_num_heads" not in config and (config.get("specbench_head") == "eagle" or "intermediate_size" in config):
-        raise SpecbenchError(f"head folder {folder} holds an EAGLE head, not a Medusa one; use it with method=eagle "
-                             "or eagle2, or give method.head= a Medusa head folder")
+    if "medusa_num_heads" not in config and (config.get("specbench_head") in ("eagle", "eagle3")
+                                            or "intermediate_size" in config or "hydra_num_heads" in config):
+        other = "a Hydra" if "hydra_num_heads" in config else "an EAGLE"
+        raise SpecbenchError(f"head folder {folder} holds {other} head, not a Medusa one; give method.head= a Medusa "
+                             "head folder")
+    said = {}
     for key in ("medusa_num_heads", "medusa_num_layers"):
-        if not isinstance(config.get(key), int) or isinstance(config.get(key), bool):
-            raise SpecbenchError(f"Medusa head config {folder / 'config.json'} has no integer '{key}'")
-    num_heads, num_layers = int(config["medusa_num_heads"]), int(config["medusa_num_layers"])
-    if num_heads < 1 or num_layers < 0:
-        raise SpecbenchError(f"Medusa head config {folder / 'config.json'}: medusa_num_heads={num_heads} and "
-                             f"medusa_num_layers={num_layers}; a head folder needs >= 1 head and >= 0 layers")
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise SpecbenchError(f"Medusa head config {folder / 'config.json'}: {key} is {value!r}, expected a "
+                                 "non-negative integer")
+        said[key] = value
+    if said["medusa_num_heads"] == 0:
+        raise SpecbenchError(f"Medusa head config {folder / 'config.json'}: medusa_num_heads=0 and medusa_num_layers="
+                             f"{said['medusa_num_layers']}; a head folder needs >= 1 head and >= 0 layers")
     path = weights_file(folder, WEIGHT_FILES, "Medusa")
-    state = read_state_dict(path)
+    state, variant = _medusa_state(read_state_dict(path))
+    heads_in = sorted({int(k.split(".", 1)[0]) for k in state if k.split(".", 1)[0].isdigit()})
+    if not heads_in:
+        raise SpecbenchError(f"Medusa head {path} holds no heads (expected the Medusa-1 keys "
+                             "{k}.{j}.linear.*, {k}.{L}.weight)")
+    num_heads = heads_in[-1] + 1
+    num_layers = len({k.split(".")[1] for k in state if k.startswith("0.") and ".linear." in k})
+    for key, found in (("medusa_num_heads", num_heads), ("medusa_num_layers", num_layers)):
+        if said[key] is not None and said[key] != found:
+            warn(f"Medusa head {path}: config.json says {key}={said[key]} but the weights hold {found}; using the "
+                 f"weights' {found}")
     width = state.get("0.0.linear.weight", state.get(f"0.{num_layers}.weight"))
     if width is not None and width.shape[-1] != hidden_size:
         raise SpecbenchError(f"Medusa head {folder} has hidden size {width.shape[-1]} but the target has "
@@ -110,8 +162,10 @@ def load_medusa(folder: Path, hidden_size: int, vocab_size: int, device: torch.d
                              f"{vocab_size}: it was trained for another model")
     heads = MedusaHeads(num_heads, num_layers, hidden_size, head_vocab, projections)
     expected = {k.removeprefix("heads."): tuple(v.shape) for k, v in heads.state_dict().items()}
-    # Heads beyond medusa_num_heads may be present (the published loader reads non-strictly): ignore them.
-    extra = tuple(k for k in state if k.split(".", 1)[0].isdigit() and int(k.split(".", 1)[0]) >= num_heads)
-    check_keys(state, expected, path, "Medusa", "Medusa-1 ({k}.{j}.linear.*, {k}.{L}.weight)", ignore=extra)
-    heads.load_state_dict({f"heads.{k}": v for k, v in state.items() if k not in extra}, strict=True)
+    check_keys(state, expected, path, "Medusa", "Medusa-1 ({k}.{j}.linear.*, {k}.{L}.weight)")
+    heads.load_state_dict({f"heads.{k}": v for k, v in state.items()}, strict=True)
+    described = [variant] if variant else []
+    described.append(f"{num_heads} heads of {num_layers} block{'s' if num_layers != 1 else ''}")
+    described.append("own vocabulary projections" if projections else "the target's LM head (no projections)")
+    heads.provenance = head_record(folder, path, "Medusa-1", ", ".join(described))
     return heads.to(device=device, dtype=dtype).eval()

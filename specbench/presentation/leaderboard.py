@@ -133,6 +133,7 @@ def timing_footnote(group: Group) -> list[str]:
     if unverified := [f"{r.method} run {n}" for r in group.results for n in r.unverified]:
         lines.append(f"{UNVERIFIED}: answers without a meta.json ({', '.join(unverified)}): which model, settings and "
                      "questions made them cannot be checked; rerun them to have them verified.")
+    lines += [f"Head of {r.method}: {line}" for r in group.results for line in r.heads]
     return lines
 
 

@@ -201,6 +201,8 @@ class LocalBackend:
             "weights_origin": origin_summary(RESOLVED),
             "extra_parameters": m.method.extra_parameters(),
         }
+        if heads := m.method.provenance():  # where each loaded head came from: format, variant, sha256
+            meta["heads"] = heads
         if self.precision is not None:
             meta["precision"] = self.precision
         return meta

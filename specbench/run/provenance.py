@@ -3,7 +3,6 @@ run must share with the answers already in its folder (its identity)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -20,11 +19,10 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.core.digests import file_digest
 from specbench.core.errors import SpecbenchError
-from specbench.core.files import write_atomic
 from specbench.core.hardware import cpu_info, device_name, run_command, total_memory
-from specbench.core.questions import sha256_of
-from specbench.core.resources import cache_root, source_checkout
+from specbench.core.resources import source_checkout
 from specbench.engine.api import DECODING_VERSION
 from specbench.models import LoadedModel, is_part, resolve_path
 
@@ -138,33 +136,6 @@ def _value(text: str) -> Any:
 NOT_CONTENT = ("part.json", "origin.json", "quality.json", "COMPLETE")
 #: what a folder holds at its top level to be a part (a model, a head, a datastore)
 MODEL_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.npy", "config.json", "manifest.json")
-#: the file of cached fingerprints under the cache root: (path, size, mtime) -> sha256 of the content
-FINGERPRINTS = "fingerprints.json"
-
-
-#: the fingerprint files read in this process (cache file -> its digests), so each is read once
-_DIGESTS: dict[Path, dict[str, str]] = {}
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's content, cached by (path, size, modification time) under the cache root, so a
-    10 GB model is read once per machine, not once per run or lane."""
-    cache_file = cache_root() / FINGERPRINTS
-    if cache_file not in _DIGESTS:
-        try:
-            _DIGESTS[cache_file] = json.loads(cache_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            _DIGESTS[cache_file] = {}
-    cache = _DIGESTS[cache_file]
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    if key not in cache:
-        cache[key] = sha256_of(path)
-        with contextlib.suppress(OSError):  # a cache that cannot be written costs time, never the run
-            write_atomic(cache_file, json.dumps(cache, sort_keys=True))
-    return cache[key]
-
-
 def content_fingerprint(path: str | os.PathLike) -> str | None:
     """Short SHA-256 over the content of a local file or folder (every file under it, by relative path,
     bookkeeping aside): what a run's answers depend on of a model, draft, head or datastore. None for a

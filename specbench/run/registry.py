@@ -426,6 +426,9 @@ def _part(name: str, *, _root_: DictConfig) -> str | None:
     config read on its own, without a model (`build_method` always gives one), has no parts either."""
     model = _root_.get("model") if isinstance(_root_, DictConfig) else None
     kit = model.get("parts") if isinstance(model, DictConfig) else None
+    if isinstance(kit, DictConfig):  # a hub model's published parts by name (configs/model/vicuna-7b-v1.3.yaml)
+        found = kit.get(name)
+        return str(found) if found else None
     return f"{kit}:{name}" if kit else None
 
 
