@@ -82,8 +82,9 @@ def test_report_shows_memory_columns(sps_run, tmp_path):
                         if line.startswith("| ")]
     cells = {row[0]: dict(zip(header, row)) for row in rows}
     peak = meta_of(out, "sps")["memory"]["peak_bytes"]
-    unit, scale = ("GB", 1e9) if peak >= 1e9 else ("MB", 1e6)
-    assert cells["sps"]["Peak memory"] == f"{peak / scale:.3g} {unit}", cells["sps"]
+    shown = float(f"{peak:.3g}")  # rounded first, as the table does: 999.6 MB reads 1 GB
+    unit, scale = ("GB", 1e9) if shown >= 1e9 else ("MB", 1e6)
+    assert cells["sps"]["Peak memory"] == f"{shown / scale:.3g} {unit}", cells["sps"]
     assert cells["sps"]["Drafter memory"].endswith("KB") and cells["baseline"]["Drafter memory"] == "none"
     assert "Peak memory: peak resident set" in md or "Peak memory: torch.cuda" in md
 

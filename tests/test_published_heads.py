@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from helpers import EMPTY, assert_matches_baseline, method_cfg
 from specbench.core.errors import SpecbenchError
-from specbench.heads.checkpoint import record_line
+from specbench.core.origin import head_line as record_line
 from specbench.heads.eagle import head_config_for
 from specbench.heads.hydra import PrefixLayer, load_hydra
 from specbench.run.registry import build_method

@@ -339,13 +339,12 @@ def method_heads(runs: list[Run]) -> list[str]:
     """One provenance line per published or outside head a method's runs loaded (meta `heads`: what
     `method.head` named, the format and variant recognised, the weight file's sha256); the zoo's and a
     kit's own parts are named by their fingerprints elsewhere (weights_origin) and left out."""
-    from specbench.heads.checkpoint import record_line
-    from specbench.models import is_part
+    from specbench.core.origin import head_line
 
     lines: dict[str, None] = {}
     for meta in (m for run in runs for m in run.part_metas):
         for record in meta.get("heads") or []:
             if isinstance(record, dict) and {"head", "format", "variant", "file", "sha256"} <= set(record) \
-                    and not is_part(str(record["head"])):
-                lines[record_line(record)] = None
+                    and record.get("source") != "built":
+                lines[head_line(record)] = None
     return list(lines)

@@ -38,3 +38,10 @@ def summary(paths: dict[str, str]) -> dict[str, Any] | None:
     prints = sorted({str(part["fingerprint"]) for part in parts.values()})
     return {"source": sources.pop() if len(sources) == 1 else "mixed", "fingerprint": "+".join(prints),
             "parts": parts}
+
+
+def head_line(record: dict[str, Any]) -> str:
+    """A loaded head's provenance (specbench.heads.checkpoint.head_record) in one line:
+    `yuhuili/EAGLE-Vicuna-7B-v1.3@<commit>: EAGLE-1 (<variant>), pytorch_model.bin sha256 <16 hex>`."""
+    where = record.get("hub") or record["head"]
+    return f"{where}: {record['format']} ({record['variant']}), {record['file']} sha256 {str(record['sha256'])[:16]}"

@@ -33,21 +33,17 @@ def warn(line: str) -> None:
 
 
 def head_record(folder: Path, weights: Path, fmt: str, variant: str) -> dict[str, str]:
-    """Where a loaded head came from, for meta.json and the report: what `method.head` named, the hub's
-    `repo@commit` when it was downloaded, the format and the variant recognised, the weight file and its
-    sha256."""
-    record = {"head": _NAMED.get(folder, str(folder)), "format": fmt, "variant": variant, "file": weights.name,
-              "sha256": file_digest(weights)}
+    """Where a loaded head came from, for meta.json and the report: what `method.head` named, `source`
+    (hub, folder, or built: the zoo's or a kit's part), the hub's `repo@commit` when it was downloaded, the
+    format and the variant recognised, the weight file and its sha256 (one line: core.origin.head_line)."""
+    from specbench.models import is_part
+
+    named = _NAMED.get(folder, str(folder))
+    record = {"head": named, "format": fmt, "variant": variant, "file": weights.name, "sha256": file_digest(weights),
+              "source": "hub" if folder in _FROM_HUB else "built" if is_part(named) else "folder"}
     if folder in _FROM_HUB:
         record["hub"] = _FROM_HUB[folder]
     return record
-
-
-def record_line(record: dict[str, str]) -> str:
-    """A head's provenance in one line: `yuhuili/EAGLE-Vicuna-7B-v1.3 (EAGLE-1, ...; pytorch_model.bin sha256 ...)`."""
-    where = record.get("hub") or record["head"]
-    return (f"{where}: {record['format']} ({record['variant']}), {record['file']} sha256 "
-            f"{record['sha256'][:16]}")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
