@@ -230,14 +230,16 @@ def save_eagle(head: EagleHead, folder: Path, base_model: str = "") -> Path:
     return folder
 
 
-def place_head(head: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def place_head(head: nn.Module, device: torch.device, dtype: torch.dtype, rotary: nn.Module | None = None
+               ) -> nn.Module:
     """The head on the run's device and dtype, its RoPE inverse frequencies kept in float32 (as the
     target's and as trained): a bfloat16 / float16 copy would shift every angle by an error that
     grows with the position."""
-    inv_freq = head.rotary.inv_freq.detach().clone()
+    rotary = rotary if rotary is not None else head.rotary  # `rotary`: a layer's inside the head (Hydra's prefix)
+    inv_freq = rotary.inv_freq.detach().clone()
     head = head.to(device=device, dtype=dtype).eval()
-    head.rotary.inv_freq = inv_freq.to(device)
-    head.rotary.original_inv_freq = inv_freq.clone().to(device)
+    rotary.inv_freq = inv_freq.to(device)
+    rotary.original_inv_freq = inv_freq.clone().to(device)
     return head
 
 

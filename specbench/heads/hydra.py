@@ -35,7 +35,7 @@ from specbench.heads.checkpoint import (
     weights_file,
     write_state_dict,
 )
-from specbench.heads.eagle import EagleLayer, HeadCache, head_config_for
+from specbench.heads.eagle import EagleLayer, HeadCache, head_config_for, place_head
 
 WEIGHT_FILES = ("hydra_lm_head.safetensors", "hydra_lm_head.pt")
 
@@ -220,9 +220,6 @@ def load_hydra(folder: Path, hidden_size: int, vocab_size: int, device: torch.de
     if ignored:
         variant.append(f"{', '.join(ignored)} not read (copies of the target's, or unused upstream too)")
     heads.provenance = head_record(folder, path, "Hydra", ", ".join(variant))
-    heads = heads.to(device=device, dtype=dtype).eval()
     if heads.prefix_embeding_layer is not None:  # RoPE's inverse frequencies stay float32, as the target's
-        rotary = heads.prefix_embeding_layer.rotary
-        inv = LlamaRotaryEmbedding(layer_config).inv_freq.to(device)
-        rotary.inv_freq, rotary.original_inv_freq = inv, inv.clone()
-    return heads
+        return place_head(heads, device, dtype, heads.prefix_embeding_layer.rotary)
+    return heads.to(device=device, dtype=dtype).eval()
