@@ -1,4 +1,4 @@
-"""Recipe trials on a kit's first corpus shards: drafts and EAGLE heads trained with changed settings,
+"""Recipe trials on a kit's first corpus shards: drafts and heads trained with changed settings,
 each measured on the held-out rows (top-1 agreement and chain acceptance per depth), to choose a
 recipe before training on the whole corpus.
 
@@ -8,14 +8,18 @@ recipe before training on the whole corpus.
 
 A draft variant changes `build.drafts.draft` (`section`: `feature_weight` > 0 also trains it to match
 the target's final states, a draft as wide as the target) and may scale the final norm's weight at the
-start (`norm_scale`: smaller starting logits); an EAGLE variant changes `build.heads.eagle` (`cfg`).
+start (`norm_scale`: smaller starting logits); a head's variant changes `build.heads.<part>` (`cfg`);
+an EAGLE variant may train with training-time test (`unroll`: steps fed the head's own predictions, `step_decay`:
+their loss weights), and keep the head in a folder (`keep`: a path, for `method.head=FOLDER`).
 Each variant prints one `RESULT {json}` line (its held-out measurements, the time it took).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import shutil
 import time
 
 import torch
@@ -32,14 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a kit setting changed for every trial (e.g. build.corpus.shards=4); repeatable")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("part", choices=("draft", "eagle"))
+    parser.add_argument("part", choices=("draft", "eagle", "eagle3", "medusa", "hydra"))
     parser.add_argument("variants", help="a JSON list of variants, each with a `name`")
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
     kit = OmegaConf.merge(load_kit(opts.kit), OmegaConf.from_dotlist(opts.set))
     rows, held = kb.split_rows(kit, kb.read_corpus(kb.ensure_group(kit, "corpus")))
     target = kb._load_target(kit, torch.float32)
-    trial = draft_trial if opts.part == "draft" else eagle_trial
+    trial = draft_trial if opts.part == "draft" else functools.partial(head_trial, kind=opts.part)
     for variant in json.loads(opts.variants):
         start = time.perf_counter()
         result = trial(kit, rows, held, target, variant)
@@ -72,23 +76,35 @@ def draft_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) 
             "curve": [c.as_dict() for c in stats.curve]}
 
 
-def eagle_trial(kit, rows: list[dict], held: list[dict], target, variant: dict) -> dict:
+def head_trial(kit, rows: list[dict], held: list[dict], target, variant: dict, kind: str = "eagle") -> dict:
     import tempfile
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
+    from specbench.heads import train as ht
     from specbench.heads.recipe import train_part
     from specbench.kit import build as kb
+    from specbench.methods import eagle
 
-    changed = OmegaConf.merge(kit, {"build": {"heads": {"eagle": variant.get("cfg", {})}}})
-    cls, settings = kb.kit_recipe(changed, "eagle")  # EAGLE's recipe with the kit's settings and the variant's
+    changed = OmegaConf.merge(kit, {"build": {"heads": {kind: variant.get("cfg", {})}}})
+    cls, settings = kb.kit_recipe(changed, kind)  # the head's recipe with the kit's settings and the variant's
     data = kb.head_data(changed, rows, held, target)
-    with tempfile.TemporaryDirectory() as out:
-        card = train_part(cls, settings, data, Path(out), "eagle")
-    return {"positions": data.states.drafting_positions, "steps": card["steps"],
+    # Training-time test (heads.train.train_eagle's `unroll`, `step_decay`), which the recipe does not expose yet.
+    unrolled = {k: variant[k] for k in ("unroll", "step_decay") if k in variant}
+    if unrolled and kind != "eagle":
+        raise SystemExit("unroll / step_decay: EAGLE trials only")
+    eagle.train_eagle = functools.partial(ht.train_eagle, **unrolled)
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            card = train_part(cls, settings, data, Path(out), kind)
+            if variant.get("keep"):  # the head itself, for a run (method.head=FOLDER)
+                shutil.copytree(out, variant["keep"], dirs_exist_ok=True)
+    finally:
+        eagle.train_eagle = ht.train_eagle
+    return {"positions": data.states.drafting_positions,
             "train": {k: card[k] for k in ("steps", "seconds", "final_loss", "top1")},
-            "heldout_chain": card["heldout_chain"]}
+            **{k: v for k, v in card.items() if k.startswith("heldout_")}}
 
 
 if __name__ == "__main__":

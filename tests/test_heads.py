@@ -448,3 +448,40 @@ def test_a_stopped_head_training_resumes_to_the_same_weights(targets, greedy_fea
     assert resumed_acc == whole_acc
     for (key, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), key
+
+
+def chain_agreement(head: EagleHead, data, model: torch.nn.Module, depth: int, window: int = 48) -> float:
+    """Top-1 agreement of the `depth`-th token a head drafts in a chain (fed its own predictions, as at
+    run time, attending to the teacher-forced keys before them) with the target's, over `data`."""
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    causal = torch.ones(window, window, dtype=torch.bool).tril()
+    own = torch.eye(window, dtype=torch.bool)
+    hits = seen = 0
+    with torch.no_grad():
+        for r in range(data.input_ids.shape[0]):
+            n = int(data.valid[r].sum())
+            for s in range(0, n - window - depth, window):
+                ids, f = data.input_ids[r, s : s + window + depth], data.features[r, s : s + window + depth]
+                positions = torch.arange(s, s + window)[None]
+                cache, pred = head.new_cache(), f[None, :window]
+                for j in range(depth):
+                    attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
+                    pred = head(embed(ids[None, 1 + j : 1 + j + window]), pred, positions + j, cache, attend)
+                hits += int((lm_head(pred[0]).argmax(-1) == lm_head(f[depth : depth + window]).argmax(-1)).sum())
+                seen += window
+    return hits / max(seen, 1)
+
+
+def test_eagle_training_time_test_learns_the_chain_it_drafts(targets, greedy_features):
+    """train_eagle(unroll=3): steps fed the head's own earlier predictions (HASS / EAGLE-3's
+    training-time test) report their own top-1, and the head drafts a chain's third token in
+    agreement with the target more often than the one-step head, trained as long, does."""
+    model = targets["llama"].model
+    data = greedy_features("llama")
+    with single_thread():
+        one, one_acc = train_small_head("eagle", model, data, steps=160)
+        three, three_acc = train_small_head("eagle", model, data, steps=160, unroll=3)
+    assert len(one_acc) == 1 and len(three_acc) == 3, (one_acc, three_acc)
+    chained = [[round(chain_agreement(head, data, model, d), 3) for d in (1, 2, 3)] for head in (one, three)]
+    print("top-1 per step", one_acc, three_acc, "chain", chained)
+    assert chained[1][2] > chained[0][2], chained

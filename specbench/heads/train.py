@@ -549,13 +549,18 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
 
 def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 300,
                 batch_rows: int = 4, window: int = 256, lr: float = 1e-3, weight_decay: float = 0.0,
-                ce_weight: float = 0.1, ce_fraction: float = 1.0, noise: float = 0.1, seed: int = 0,
-                compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
-                desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
+                ce_weight: float = 0.1, ce_fraction: float = 1.0, noise: float = 0.1, unroll: int = 1,
+                step_decay: float = 0.8, seed: int = 0, compute_dtype: torch.dtype | None = None,
+                ckpt: TrainingState | None = None, desc: str = "eagle head") -> tuple[EagleHead, HeadStats]:
     """An EAGLE-1 head (one layer) on the frozen features; each step takes random windows of
     `window` positions from `batch_rows` rows (the head attends within its window). The
     cross-entropy goes through the vocabulary projection, the costliest part on CPU, so it is
-    computed on a random `ce_fraction` of the positions. `compute_dtype`: `_compute`."""
+    computed on a random `ce_fraction` of the positions. `compute_dtype`: `_compute`.
+
+    `unroll` > 1 is training-time test (HASS, EAGLE-3's recipe, on EAGLE-1's feature regression):
+    step j feeds the head its own step j - 1 predictions with the next tokens' embeddings, attending
+    to step 0's keys up to its position and to its own chain's earlier steps (as a drafted chain
+    does at run time), and learns the target's feature t + 1 + j, weighted `step_decay ** j`."""
     torch.manual_seed(seed)
     head = EagleHead(head_config_for(target_config, num_layers=1))
     gen = torch.Generator().manual_seed(seed)
@@ -573,7 +578,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
     bar = _steps_bar(first, steps, desc)
     with frozen(embed, lm_head):
         stats = _eagle_loop(head, data, embed, lm_head, opt, bar, steps, batch_rows, window, lr, ce_weight,
-                            ce_fraction, noise, gen, usable, compute_dtype, ckpt, saved)
+                            ce_fraction, noise, gen, usable, compute_dtype, ckpt, saved, unroll, step_decay)
     bar.close()
     _freeze(head)
     return head, HeadStats(steps, time.perf_counter() - start, *stats)
@@ -583,47 +588,63 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
                 bar: Any, steps: int, batch_rows: int, window: int, lr: float, ce_weight: float, ce_fraction: float,
                 noise: float, gen: torch.Generator, usable: torch.Tensor,
                 compute_dtype: torch.dtype | None = None, ckpt: TrainingState | None = None,
-                saved: dict | None = None) -> tuple[float, list[float]]:
+                saved: dict | None = None, unroll: int = 1, step_decay: float = 0.8) -> tuple[float, list[float]]:
     saved = saved or {}
-    ema, hits, seen = saved.get("ema"), saved.get("hits", 0.0), saved.get("seen", 0.0)
+    ema = saved.get("ema")
+    hits, seen = saved.get("hits", [0.0] * unroll), saved.get("seen", [0.0] * unroll)
+    hits, seen = (list(x) if isinstance(x, list) else [x] for x in (hits, seen))  # (a one-step run's saved floats)
+    window = min(window, data.input_ids.shape[1] - unroll)
+    causal = torch.ones(window, window, dtype=torch.bool).tril()
+    own = torch.eye(window, dtype=torch.bool)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
         r = usable[torch.randint(len(usable), (batch_rows,), generator=gen)]
         # A window starting at a random position, inside the real tokens of each row where possible.
-        s = data.window_starts(r, window + 1, gen)
-        idx = s[:, None] + torch.arange(window + 1)[None]  # window + 1 positions: inputs and targets
+        s = data.window_starts(r, window + unroll, gen)
+        idx = s[:, None] + torch.arange(window + unroll)[None]  # window + unroll positions: inputs and targets
         ids = data.input_ids[r[:, None], idx]
         feats = data.features[r[:, None], idx]
         valid = data.valid[r[:, None], idx]
-        # Position t: (embedding of token t + 1, feature t) -> feature t + 1.
-        x_feat, y_feat = feats[:, :-1], feats[:, 1:]
+        # Step 0, position t: (embedding of token t + 1, feature t) -> feature t + 1; step j: (embedding of
+        # token t + 1 + j, the head's step j - 1 prediction) -> feature t + 1 + j.
+        x_feat = feats[:, :window]
         if noise > 0:
             x_feat = x_feat + (torch.rand(x_feat.shape, generator=gen) * 2 - 1) * noise
-        with torch.no_grad():
-            x_emb = embed(ids[:, 1:]).float()
-        positions = s[:, None] + torch.arange(window)[None]
-        with _compute(compute_dtype):
-            pred = head(x_emb, x_feat, positions).float()
-        mask = valid[:, 1:] & valid[:, :-1]
-        if data.loss is not None:
-            mask &= data.loss[r[:, None], idx[:, :-1]]
-        reg = F.smooth_l1_loss(pred, y_feat, reduction="none").mean(-1)[mask].mean()
-        # Cross-entropy to the target's next-token distribution on a random subset of positions.
-        ce_mask = mask & (torch.rand(mask.shape, generator=gen) < ce_fraction)
-        if not ce_mask.any():
-            ce_mask = mask
-        with torch.no_grad(), _compute(compute_dtype):
-            target_logp = torch.log_softmax(lm_head(y_feat[ce_mask]).float(), dim=-1)
-        with _compute(compute_dtype):
-            logits = lm_head(pred[ce_mask])
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        ce = -(target_logp.exp() * logp).sum(-1).mean()
-        loss = reg + ce_weight * ce
-        _update(opt, loss, head.parameters())
-        if step >= steps * 3 // 4:
-            hits += float((logp.detach().argmax(-1) == target_logp.argmax(-1)).sum())
-            seen += float(target_logp.shape[0])
-        ema = _smoothed(ema, loss, bar)
+        cache = head.new_cache() if unroll > 1 else None
+        answer = data.loss[r[:, None], idx[:, :window]] if data.loss is not None else None
+        loss = torch.zeros(())
+        for j in range(unroll):
+            y_feat = feats[:, 1 + j : 1 + j + window]
+            with torch.no_grad():
+                x_emb = embed(ids[:, 1 + j : 1 + j + window]).float()
+            positions = s[:, None] + torch.arange(window)[None] + j
+            attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
+            with _compute(compute_dtype):
+                pred = head(x_emb, x_feat, positions, cache, attend).float()
+            mask = valid[:, j : j + window] & valid[:, 1 + j : 1 + j + window]
+            if answer is not None:
+                mask &= answer
+            if not mask.any():
+                break
+            reg = F.smooth_l1_loss(pred, y_feat, reduction="none").mean(-1)[mask].mean()
+            # Cross-entropy to the target's next-token distribution on a random subset of positions.
+            ce_mask = mask & (torch.rand(mask.shape, generator=gen) < ce_fraction)
+            if not ce_mask.any():
+                ce_mask = mask
+            with torch.no_grad(), _compute(compute_dtype):
+                target_logp = torch.log_softmax(lm_head(y_feat[ce_mask]).float(), dim=-1)
+            with _compute(compute_dtype):
+                logits = lm_head(pred[ce_mask])
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            ce = -(target_logp.exp() * logp).sum(-1).mean()
+            loss = loss + step_decay**j * (reg + ce_weight * ce)
+            if step >= steps * 3 // 4:
+                hits[j] += float((logp.detach().argmax(-1) == target_logp.argmax(-1)).sum())
+                seen[j] += float(target_logp.shape[0])
+            x_feat = pred
+        if loss.requires_grad:  # (windows without an answer position teach nothing)
+            _update(opt, loss, head.parameters())
+            ema = _smoothed(ema, loss, bar)
         progress.keep(ckpt, step + 1, steps, head, opt, {"ema": ema, "hits": hits, "seen": seen}, gen)
-    return float(ema or 0.0), [hits / max(seen, 1.0)]
+    return float(ema or 0.0), [h / max(n, 1.0) for h, n in zip(hits, seen, strict=True)]
