@@ -94,7 +94,8 @@ def head_trial(kit, rows: list[dict], held: list[dict], target, variant: dict, k
     unrolled = {k: variant[k] for k in ("unroll", "step_decay") if k in variant}
     if unrolled and kind != "eagle":
         raise SystemExit("unroll / step_decay: EAGLE trials only")
-    eagle.train_eagle = functools.partial(ht.train_eagle, **unrolled)
+    if unrolled:
+        eagle.train_eagle = functools.partial(ht.train_eagle, **unrolled)
     try:
         with tempfile.TemporaryDirectory() as out:
             card = train_part(cls, settings, data, Path(out), kind)

@@ -36,6 +36,7 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import SpeculativeMethod
 from specbench.heads.eagle import EagleHead, head_config_for, load_eagle
 from specbench.heads.medusa import MedusaHeads, load_medusa
+from specbench.heads.train import chain_masks
 from specbench.heads.trees import EAGLE_MC_SIM_7B_63, build_tree
 from specbench.methods.eagle import DynamicTreeDrafter, StaticTreeDrafter
 from specbench.methods.medusa import MedusaDrafter
@@ -454,8 +455,7 @@ def chain_agreement(head: EagleHead, data, model: torch.nn.Module, depth: int, w
     """Top-1 agreement of the `depth`-th token a head drafts in a chain (fed its own predictions, as at
     run time, attending to the teacher-forced keys before them) with the target's, over `data`."""
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
-    causal = torch.ones(window, window, dtype=torch.bool).tril()
-    own = torch.eye(window, dtype=torch.bool)
+    masks = chain_masks(window, depth)
     hits = seen = 0
     with torch.no_grad():
         for r in range(data.input_ids.shape[0]):
@@ -465,8 +465,7 @@ def chain_agreement(head: EagleHead, data, model: torch.nn.Module, depth: int, w
                 positions = torch.arange(s, s + window)[None]
                 cache, pred = head.new_cache(), f[None, :window]
                 for j in range(depth):
-                    attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
-                    pred = head(embed(ids[None, 1 + j : 1 + j + window]), pred, positions + j, cache, attend)
+                    pred = head(embed(ids[None, 1 + j : 1 + j + window]), pred, positions + j, cache, masks[j])
                 hits += int((lm_head(pred[0]).argmax(-1) == lm_head(f[depth : depth + window]).argmax(-1)).sum())
                 seen += window
     return hits / max(seen, 1)

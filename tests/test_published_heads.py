@@ -98,6 +98,16 @@ def eagle1(folder: Path, target, *, bias: bool = True, config_bias: object = "sa
     return write(folder, config, state, file)
 
 
+def quiet_lossless(name: str, folder, target, capsys) -> tuple:
+    """(method, its one provenance record): `name` with the head in `folder` decodes as the baseline
+    does and loads without a warning."""
+    method = build_method(method_cfg(name, head=str(folder)), target, EMPTY)
+    assert_matches_baseline(method, target, lengths=(12,))
+    assert "warning" not in capsys.readouterr().err
+    (record,) = method.provenance()
+    return method, record
+
+
 EAGLE1_VARIANTS = {
     "release": {},
     "safetensors, no fc bias": {"bias": False, "file": "model.safetensors"},
@@ -112,10 +122,7 @@ EAGLE1_VARIANTS = {
 def test_eagle1_layouts_decode_losslessly(targets, tmp_path, variant, name, capsys):
     target = targets["qwen2" if "qwen2" in variant else "llama"]
     folder = eagle1(tmp_path / "head", target, **EAGLE1_VARIANTS[variant])
-    method = build_method(method_cfg(name, head=str(folder)), target, EMPTY)
-    assert_matches_baseline(method, target, lengths=(12,))
-    assert "warning" not in capsys.readouterr().err
-    (record,) = method.provenance()
+    method, record = quiet_lossless(name, folder, target, capsys)
     assert record["format"] == "EAGLE-1" and len(record["sha256"]) == 64 and record["head"] == str(folder)
     assert ("fc without bias" in record["variant"]) == ("no fc bias" in variant)
 
@@ -189,10 +196,7 @@ EAGLE3_VARIANTS = {
 def test_eagle3_layouts_decode_losslessly(targets, tmp_path, variant, capsys):
     target = targets["llama"]
     folder = eagle3(tmp_path / "head", target, **EAGLE3_VARIANTS[variant])
-    method = build_method(method_cfg("eagle3", head=str(folder)), target, EMPTY)
-    assert_matches_baseline(method, target, lengths=(12,))
-    assert "warning" not in capsys.readouterr().err
-    (record,) = method.provenance()
+    method, record = quiet_lossless("eagle3", folder, target, capsys)
     assert record["format"] == "EAGLE-3"
     if "plain" in variant:
         assert "config names LlamaForCausalLM (never read)" in record["variant"]
@@ -283,10 +287,8 @@ MEDUSA_VARIANTS = {
 def test_medusa_layouts_decode_losslessly(targets, tmp_path, variant, capsys):
     target = targets["llama"]
     folder = medusa(tmp_path / "head", target, **MEDUSA_VARIANTS[variant])
-    method = build_method(method_cfg("medusa", head=str(folder)), target, EMPTY)
-    assert_matches_baseline(method, target, lengths=(12,))
-    assert "warning" not in capsys.readouterr().err
-    assert method.heads.num_heads == 3 and method.provenance()[0]["format"] == "Medusa-1"
+    method, record = quiet_lossless("medusa", folder, target, capsys)
+    assert method.heads.num_heads == 3 and record["format"] == "Medusa-1"
 
 
 def test_medusa_head_count_comes_from_the_weights_with_a_warning(targets, tmp_path, capsys):
@@ -357,10 +359,7 @@ HYDRA_VARIANTS = {
 def test_hydra_layouts_decode_losslessly(targets, tmp_path, variant, capsys):
     target = targets["llama"]
     folder = hydra(tmp_path / "head", target, **HYDRA_VARIANTS[variant])
-    method = build_method(method_cfg("hydra", head=str(folder)), target, EMPTY)
-    assert_matches_baseline(method, target, lengths=(12,))
-    assert "warning" not in capsys.readouterr().err
-    (record,) = method.provenance()
+    _, record = quiet_lossless("hydra", folder, target, capsys)
     assert record["format"] == "Hydra" and ("input_embed_fn.weight" in record["variant"]) == (
         HYDRA_VARIANTS[variant].get("embed", True))
 

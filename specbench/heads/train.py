@@ -458,6 +458,15 @@ def train_specdec(data: Features, draft: nn.Module, lm_head: nn.Module, *, block
                                      (hits / max(seen, 1.0)).tolist())
 
 
+def chain_masks(window: int, steps: int) -> list[torch.Tensor | None]:
+    """Training-time test's attention over `window` positions, per step: step 0 plain causal (None);
+    step j attends to step 0's keys up to its position and to its own position's key at each of
+    steps 1..j (a drafted chain's pattern: teacher-forced context, then the chain's own entries)."""
+    causal = torch.ones(window, window, dtype=torch.bool).tril()
+    own = torch.eye(window, dtype=torch.bool)
+    return [None] + [torch.cat([causal, *([own] * j)], dim=1) for j in range(1, steps)]
+
+
 def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_config: Any, *, steps: int = 200,
                  batch_rows: int = 8, window: int = 192, lr: float = 2e-3, weight_decay: float = 0.0,
                  ttt_steps: int = 3, step_decay: float = 0.8, draft_vocab: int | None = None,
@@ -505,8 +514,7 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                                                                                                torch.zeros(ttt_steps))
     head.train()
     bar = _steps_bar(first, steps, desc)
-    causal = torch.ones(window, window, dtype=torch.bool).tril()
-    own = torch.eye(window, dtype=torch.bool)
+    masks = chain_masks(window, ttt_steps)
     with frozen(embed, lm_head):
         for step in bar:
             for group in opt.param_groups:
@@ -523,10 +531,9 @@ def train_eagle3(data: Features, embed: nn.Module, lm_head: nn.Module, target_co
                     emb = embed(ids[:, 1 + j : 1 + j + window]).float()
                     teacher = lm_head(data.features[r[:, None], idx[:, 1 + j : 1 + j + window]]).float()[..., ids_map]
                     teacher_p = torch.softmax(teacher, dim=-1)
-                attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
                 positions = s[:, None] + torch.arange(window)[None] + j
                 with _compute(compute_dtype):
-                    out = head(emb, h, positions, cache, attend)
+                    out = head(emb, h, positions, cache, masks[j])
                     logits = head.draft_logits(out)
                 out = out.float()
                 logp = torch.log_softmax(logits.float(), dim=-1)
@@ -565,7 +572,7 @@ def train_eagle(data: Features, embed: nn.Module, lm_head: nn.Module, target_con
     head = EagleHead(head_config_for(target_config, num_layers=1))
     gen = torch.Generator().manual_seed(seed)
     rows, L = data.input_ids.shape
-    window = min(window, L - 1)
+    window = min(window, L - unroll)
     lengths = data.valid.sum(1)
     usable = (lengths >= 8).nonzero().flatten()
     if not len(usable):
@@ -593,9 +600,7 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
     ema = saved.get("ema")
     hits, seen = saved.get("hits", [0.0] * unroll), saved.get("seen", [0.0] * unroll)
     hits, seen = (list(x) if isinstance(x, list) else [x] for x in (hits, seen))  # (a one-step run's saved floats)
-    window = min(window, data.input_ids.shape[1] - unroll)
-    causal = torch.ones(window, window, dtype=torch.bool).tril()
-    own = torch.eye(window, dtype=torch.bool)
+    masks = chain_masks(window, unroll)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, lr, max(1, steps // 20))
@@ -619,9 +624,8 @@ def _eagle_loop(head: EagleHead, data: Features, embed: nn.Module, lm_head: nn.M
             with torch.no_grad():
                 x_emb = embed(ids[:, 1 + j : 1 + j + window]).float()
             positions = s[:, None] + torch.arange(window)[None] + j
-            attend = None if j == 0 else torch.cat([causal, *([own] * j)], dim=1)
             with _compute(compute_dtype):
-                pred = head(x_emb, x_feat, positions, cache, attend).float()
+                pred = head(x_emb, x_feat, positions, cache, masks[j]).float()
             mask = valid[:, j : j + window] & valid[:, 1 + j : 1 + j + window]
             if answer is not None:
                 mask &= answer
