@@ -5,6 +5,7 @@ recipe before training on the whole corpus.
     python scripts/kit_trials.py --set build.corpus.shards=4 draft \\
         '[{"name": "tl2", "section": {"init": "target_layers", "layers": 2, "epochs": 1, "lr": 1e-3}}]'
     python scripts/kit_trials.py --set build.corpus.shards=4 eagle '[{"name": "e12", "cfg": {"epochs": 12}}]'
+    python scripts/kit_trials.py --train-shards 7 eagle '[{"name": "s7"}]'   # less data, the same held-out rows
 
 A draft variant changes `build.drafts.draft` (`section`: `feature_weight` > 0 also trains it to match
 the target's final states, a draft as wide as the target) and may scale the final norm's weight at the
@@ -36,12 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a kit setting changed for every trial (e.g. build.corpus.shards=4); repeatable")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-shards", type=int, default=None, metavar="N",
+                        help="train on the first N shards' training rows only, measured on every shard's held-out "
+                             "rows (the acceptance-against-training-data curve)")
     parser.add_argument("part", choices=("draft", "eagle", "eagle3", "medusa", "hydra"))
     parser.add_argument("variants", help="a JSON list of variants, each with a `name`")
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
     kit = OmegaConf.merge(load_kit(opts.kit), OmegaConf.from_dotlist(opts.set))
     rows, held = kb.split_rows(kit, kb.read_corpus(kb.ensure_group(kit, "corpus")))
+    if opts.train_shards is not None:
+        rows = [r for r in rows if int(r["shard"]) < opts.train_shards]
     target = kb._load_target(kit, torch.float32)
     trial = draft_trial if opts.part == "draft" else functools.partial(head_trial, kind=opts.part)
     for variant in json.loads(opts.variants):
