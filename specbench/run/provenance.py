@@ -24,7 +24,7 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.hardware import cpu_info, device_name, run_command, total_memory
 from specbench.core.resources import source_checkout
 from specbench.engine.api import DECODING_VERSION
-from specbench.models import LoadedModel, is_part, resolve_path
+from specbench.models import LoadedModel, is_part, linear_kernel, resolve_path
 
 #: Method config keys that only label a method for people (tables, figures, suites): changing them
 #: must not make an answer folder refuse to resume.
@@ -75,6 +75,7 @@ def environment(target: LoadedModel) -> dict[str, Any]:
         "device_name": name,
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
+        "linear": linear_kernel(target.model),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu": cpu,

@@ -1,0 +1,79 @@
+"""RowsFirstLinear (specbench.models): a float32 CPU step of up to ROWS_FIRST_MAX rows computed as W @ x^T,
+the same linear map as PyTorch's (float32 rounding apart), everything else PyTorch's own; every model
+load_model gives on a CPU in float32 runs it unless SPECBENCH_LINEAR=torch, and a run records which."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.models import ROWS_FIRST_MAX, RowsFirstLinear, linear_kernel, load_model, rows_first_linears
+
+pytestmark = pytest.mark.fast
+
+
+def _pair(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(48, 80, bias=bias).to(dtype)
+    fast = torch.nn.Linear(48, 80, bias=bias).to(dtype)
+    fast.load_state_dict(plain.state_dict())
+    assert rows_first_linears(fast) == 1
+    return plain, fast
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (1, 2, 48), (3, 48), (2, 4, 48), (1, ROWS_FIRST_MAX, 48)])
+def test_small_steps_match_torch_linear(bias, shape):
+    plain, fast = _pair(bias)
+    assert type(fast) is RowsFirstLinear
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        want, got = plain(x), fast(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, ROWS_FIRST_MAX + 1, 48), (300, 48), (0, 48)])
+def test_larger_steps_are_torch_linear_exactly(shape):
+    plain, fast = _pair(True)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        assert torch.equal(fast(x), plain(x))
+
+
+def test_other_dtypes_stay_plain_and_torch_opt_out(monkeypatch):
+    half = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    assert rows_first_linears(half) == 0 and type(half) is torch.nn.Linear
+    monkeypatch.setenv("SPECBENCH_LINEAR", "torch")
+    layer = torch.nn.Linear(8, 8)
+    assert rows_first_linears(layer) == 0 and type(layer) is torch.nn.Linear and linear_kernel(layer) == "torch"
+
+
+def test_gradients_flow_as_through_torch_linear():
+    plain, fast = _pair(True)
+    x = torch.randn(2, 48, requires_grad=True)
+    fast(x).sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    plain(x).sum().backward()
+    torch.testing.assert_close(grad, x.grad, rtol=1e-5, atol=1e-5)
+    assert fast.weight.grad is not None
+
+
+def test_load_model_runs_it_on_cpu_float32(tiny_models, monkeypatch):
+    loaded = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32)
+    assert linear_kernel(loaded.model) == "rows-first"
+    assert isinstance(loaded.model.get_output_embeddings(), RowsFirstLinear)
+    state = loaded.model.state_dict()
+    monkeypatch.setenv("SPECBENCH_LINEAR", "torch")
+    plain = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32)
+    assert linear_kernel(plain.model) == "torch"
+    assert state.keys() == plain.model.state_dict().keys()
+    ids = torch.tensor([[3, 7, 11, 5]])
+    with torch.inference_mode():
+        for n in (1, 2, 4):  # a forward of n rows: the logits of both kernels agree
+            fast_out = loaded.model(input_ids=ids[:, -n:]).logits
+            plain_out = plain.model(input_ids=ids[:, -n:]).logits
+            torch.testing.assert_close(fast_out, plain_out, rtol=1e-4, atol=1e-4)
+    bf16 = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.bfloat16)
+    assert linear_kernel(bf16.model) == "torch"
