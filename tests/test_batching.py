@@ -225,6 +225,24 @@ def test_report_adds_the_batch_table_and_figure_and_audits_against_batch_one(bat
     assert "Speedup and throughput against batch size" in (root / "board" / "index.html").read_text()
 
 
+def test_batched_greedy_answers_without_a_batch_one_baseline_say_why_they_are_not_audited(batched_runs, tmp_path):
+    import shutil
+
+    root, out, _ = batched_runs
+    copy = tmp_path / "answers"
+    shutil.copytree(out, copy)
+    singles = [d for d in copy.rglob("run-*") if d.is_dir() and d.parent.name.startswith("temp-")]
+    assert singles  # batch size 1 files beside the batch-N folders
+    for folder in singles:
+        shutil.rmtree(folder)
+    done = cli("report", str(copy), "--out", str(tmp_path / "board"), cwd=root)
+    assert done.code == 0, done
+    line = next(row for row in (tmp_path / "board" / "spec_bench-local-batch-3.md").read_text().splitlines()
+                if row.startswith("| pld ") and "n/a" in row)
+    assert "n/a (no batch-1 baseline)" in line and "sampled" not in line
+    assert "no batch-1 baseline answers, so the batched answers are not audited" in done.out + done.err
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["method=self_spec", "batch_size=2"], "method 'self_spec' cannot run batched: it drafts through the target"),
     (["batch_size=0"], "batch_size must be a positive integer"),

@@ -44,6 +44,7 @@ class MethodResult:
     depth_acceptance: list[float] | None = None
     time_split: dict[str, float] | None = None
     audit: dict[str, Any] | None = None
+    audit_skipped: str = "n/a (sampled)"  # what the audit cell says where no audit ran (not the baseline)
     facts: dict[str, Any] = field(default_factory=dict)
     contended: list[dict[str, Any]] = field(default_factory=list)  # runs.run_contention of its flagged runs
     unverified: list[int] = field(default_factory=list)  # its runs without a meta.json (runs.check_identities)
@@ -136,6 +137,8 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
         result.stream = audit.stream_acceptance(runs, twin=group.methods.get(twin) if twin else None)
         if group.temperature == 0 and (name != BASELINE or group.batch > 1) and reference:
             result.audit = audit.lossless_audit(runs, reference, tie_margin)
+        elif group.temperature == 0:
+            result.audit_skipped = "n/a (no batch-1 baseline)" if group.batch > 1 else "n/a (no baseline)"
         group.results.append(result)
     group.results.sort(key=lambda r: -r.rows["overall"]["speedup"])
     if group.batch > 1 and group.temperature == 0 and not reference:

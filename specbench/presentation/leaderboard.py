@@ -173,7 +173,7 @@ def _split(r: MethodResult) -> str:
 
 def _audit(r: MethodResult) -> str:
     if r.audit is None:
-        return "-" if r.method == BASELINE else "n/a (sampled)"
+        return "-" if r.method == BASELINE else r.audit_skipped
     a = r.audit
     bugs = sum(not m["near_tie"] for m in a["mismatches"])
     text = f"{a['equal']}/{a['compared']} equal"

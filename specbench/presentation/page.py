@@ -235,7 +235,7 @@ def _settings(runs: list[Any]) -> Any:
 def _audit(r: MethodResult) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The audit's summary, and its first mismatches as a table (None when there are none)."""
     if r.audit is None:
-        return _text("-" if r.method == BASELINE else "n/a (sampled)"), None
+        return _text("-" if r.method == BASELINE else r.audit_skipped), None
     summary = _value({k: v for k, v in r.audit.items() if k != "mismatches"})
     mismatches = r.audit.get("mismatches")
     if not mismatches:
