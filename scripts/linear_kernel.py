@@ -29,10 +29,13 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,3,4,5,8,16")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_model(args.model, device=torch.device("cpu"), dtype=torch.float32).model
+    loaded = load_model(args.model, device=torch.device("cpu"), dtype=torch.float32)
+    model = loaded.model
     fast = [m for m in model.modules() if isinstance(m, RowsFirstLinear)]
     scorer = TargetScorer(model, torch.device("cpu"), torch.float32)
-    cache = load_cache(model, args.context)
+    cache = loaded.new_cache()
+    with torch.inference_mode():  # the context: random tokens, prefilled once
+        model(input_ids=torch.randint(100, 2000, (1, args.context)), cache=cache, use_cache=True)
 
     def step(rows: int) -> float:
         tree = DraftTree.chain(torch.arange(5, 4 + rows)) if rows > 1 else DraftTree.empty()
@@ -58,15 +61,6 @@ def main() -> None:
     print("|---" * (len(rows) + 1) + "|")
     for kernel, found in times.items():
         print(f"| {kernel} | " + " | ".join(f"{statistics.median(found[r]) * 1e3:.1f}" for r in rows) + " |")
-
-
-def load_cache(model: torch.nn.Module, context: int):
-    from specbench.models import new_cache
-
-    cache = new_cache(model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.randint(100, 2000, (1, context)), cache=cache, use_cache=True)
-    return cache
 
 
 if __name__ == "__main__":

@@ -133,8 +133,8 @@ class RowsFirstLinear(torch.nn.Linear):
     many matrix-vector products and one row as one that reads the weight at a fraction of the memory
     bandwidth: SmolLM2's LM head (49,152 x 576, 2 cores) costs 7 ms for one row, 14-23 ms for 2-3 and 12 ms
     for 4, against 2.2-2.9 ms for 1-4 rows as W @ x^T (one row runs as two); a whole SmolLM2 step over a
-    300-token cache took 38 / 66 / 80 / 55 ms for 1 / 2 / 3 / 5 rows and takes 24 / 33 / 37 / 44 this way
-    (docs/running.md, "Small steps on a CPU"; scripts/linear_kernel.py): verifying a draft of one or two
+    300-token cache took 41.0 / 67.1 / 83.8 / 58.0 ms for 1 / 2 / 3 / 5 rows and takes 25.1 / 36.2 / 40.1 / 45.9
+    this way (docs/running.md, "Small steps on a CPU"; scripts/linear_kernel.py): verifying a draft of one or two
     tokens cost more than one of four. The same weights and the same sums, in another order (float32
     rounding, as any change of batch shape); more rows, other dtypes and other devices go to PyTorch's linear."""
 
@@ -161,8 +161,8 @@ def rows_first_linears(model: torch.nn.Module) -> int:
         return 0
     count = 0
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if type(module) is torch.nn.Linear and weight.dtype == torch.float32 and weight.device.type == "cpu":
+        if (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+                and module.weight.device.type == "cpu"):
             module.__class__ = RowsFirstLinear
             count += 1
     return count
