@@ -120,8 +120,13 @@ def new_cache(config: object) -> DynamicCache:
     return cache
 
 
-#: float32 CPU linears over at most this many rows run as W @ x^T (`RowsFirstLinear`)
+#: float32 CPU linears over at most this many rows run as W @ x^T (`RowsFirstLinear`) on two or more threads ...
 ROWS_FIRST_MAX = 8
+#: ... and over at most this many on one thread (5-8 rows ran slower that way on one thread)
+ROWS_FIRST_MAX_ONE_THREAD = 4
+#: a model whose float32 linear weights are smaller than this keeps PyTorch's linear: its weights stay in
+#: the CPU's caches between steps, where PyTorch's matrix-vector product is the faster one
+ROWS_FIRST_MIN_BYTES = 32 * 2**20
 #: `SPECBENCH_LINEAR=torch` keeps PyTorch's own linear everywhere (`auto`, the default: `RowsFirstLinear`)
 LINEAR_VAR = "SPECBENCH_LINEAR"
 
@@ -133,16 +138,19 @@ class RowsFirstLinear(torch.nn.Linear):
     many matrix-vector products and one row as one that reads the weight at a fraction of the memory
     bandwidth: SmolLM2's LM head (49,152 x 576, 2 cores) costs 7 ms for one row, 14-23 ms for 2-3 and 12 ms
     for 4, against 2.2-2.9 ms for 1-4 rows as W @ x^T (one row runs as two); a whole SmolLM2 step over a
-    300-token cache took 41.0 / 67.1 / 83.8 / 58.0 ms for 1 / 2 / 3 / 5 rows and takes 25.1 / 36.2 / 40.1 / 45.9
+    300-token cache took 39.5 / 63.6 / 79.6 / 61.3 ms for 1 / 2 / 3 / 4 rows and takes 23.8 / 34.6 / 39.5 / 36.5
     this way (docs/running.md, "Small steps on a CPU"; scripts/linear_kernel.py): verifying a draft of one or two
-    tokens cost more than one of four. The same weights and the same sums, in another order (float32
+    tokens cost more than one of four. On one thread W @ x^T loses from 5 rows on (ROWS_FIRST_MAX_ONE_THREAD),
+    and a model whose weights stay in the caches (under ROWS_FIRST_MIN_BYTES) is faster with PyTorch's, so
+    `rows_first_linears` leaves it alone. The same weights and the same sums, in another order (float32
     rounding, as any change of batch shape); more rows, other dtypes and other devices go to PyTorch's linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1] if x.dim() else 0
         n = x.numel() // width if width else 0
         weight = self.weight
-        if (not 1 <= n <= ROWS_FIRST_MAX or x.dtype != torch.float32 or x.device.type != "cpu"
+        limit = ROWS_FIRST_MAX if torch.get_num_threads() > 1 else ROWS_FIRST_MAX_ONE_THREAD
+        if (not 1 <= n <= limit or x.dtype != torch.float32 or x.device.type != "cpu"
                 or weight.dtype != torch.float32):
             return torch.nn.functional.linear(x, weight, self.bias)
         flat = x.reshape(n, width)
@@ -154,23 +162,25 @@ class RowsFirstLinear(torch.nn.Linear):
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def rows_first_linears(model: torch.nn.Module) -> int:
-    """Make each plain `nn.Linear` of a float32 CPU model a `RowsFirstLinear` (same parameters, in place),
+def rows_first_linears(model: torch.nn.Module, min_bytes: int | None = None) -> int:
+    """Make each plain `nn.Linear` of a float32 CPU model a `RowsFirstLinear` (same parameters, in place)
+    when their weights hold at least `min_bytes` (default ROWS_FIRST_MIN_BYTES; a tied weight counted once),
     unless SPECBENCH_LINEAR=torch; returns how many."""
     if os.environ.get(LINEAR_VAR, "auto").strip().lower() == "torch":
         return 0
-    count = 0
-    for module in model.modules():
-        if (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
-                and module.weight.device.type == "cpu"):
-            module.__class__ = RowsFirstLinear
-            count += 1
-    return count
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+               and m.weight.device.type == "cpu"]
+    floor = ROWS_FIRST_MIN_BYTES if min_bytes is None else min_bytes
+    if sum({m.weight.data_ptr(): m.weight.numel() * 4 for m in linears}.values()) < floor or not linears:
+        return 0
+    for module in linears:
+        module.__class__ = RowsFirstLinear
+    return len(linears)
 
 
 def linear_kernel(model: torch.nn.Module) -> str:
-    """Which linear a model runs: `rows-first` (`RowsFirstLinear`, for steps of up to ROWS_FIRST_MAX rows)
-    or `torch`."""
+    """Which linear a model runs: `rows-first` (`RowsFirstLinear`, for steps of up to ROWS_FIRST_MAX rows,
+    ROWS_FIRST_MAX_ONE_THREAD on one thread) or `torch`."""
     return "rows-first" if any(isinstance(m, RowsFirstLinear) for m in model.modules()) else "torch"
 
 

@@ -1,15 +1,32 @@
-"""RowsFirstLinear (specbench.models): a float32 CPU step of up to ROWS_FIRST_MAX rows computed as W @ x^T,
-the same linear map as PyTorch's (float32 rounding apart), everything else PyTorch's own; every model
-load_model gives on a CPU in float32 runs it unless SPECBENCH_LINEAR=torch, and a run records which."""
+"""RowsFirstLinear (specbench.models): a float32 CPU step of up to ROWS_FIRST_MAX rows (ROWS_FIRST_MAX_ONE_THREAD
+on one thread) computed as W @ x^T, the same linear map as PyTorch's (float32 rounding apart), everything else
+PyTorch's own; a float32 model load_model gives on a CPU runs it when its linear weights are too large to stay in
+the caches (ROWS_FIRST_MIN_BYTES), unless SPECBENCH_LINEAR=torch, and a run records which."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbench.models import ROWS_FIRST_MAX, RowsFirstLinear, linear_kernel, load_model, rows_first_linears
+from specbench import models
+from specbench.models import (
+    ROWS_FIRST_MAX,
+    ROWS_FIRST_MAX_ONE_THREAD,
+    RowsFirstLinear,
+    linear_kernel,
+    load_model,
+    rows_first_linears,
+)
 
 pytestmark = pytest.mark.fast
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """The tests set torch's thread count (the kernel's row limit depends on it); the process gets its own back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def _pair(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Linear, torch.nn.Linear]:
@@ -17,13 +34,15 @@ def _pair(bias: bool, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Line
     plain = torch.nn.Linear(48, 80, bias=bias).to(dtype)
     fast = torch.nn.Linear(48, 80, bias=bias).to(dtype)
     fast.load_state_dict(plain.state_dict())
-    assert rows_first_linears(fast) == 1
+    assert rows_first_linears(fast) == 0, "a layer this small stays in the caches: PyTorch's linear"
+    assert rows_first_linears(fast, min_bytes=0) == 1
     return plain, fast
 
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48), (1, 2, 48), (3, 48), (2, 4, 48), (1, ROWS_FIRST_MAX, 48)])
 def test_small_steps_match_torch_linear(bias, shape):
+    torch.set_num_threads(2)  # up to ROWS_FIRST_MAX rows on two threads
     plain, fast = _pair(bias)
     assert type(fast) is RowsFirstLinear
     x = torch.randn(*shape)
@@ -35,10 +54,28 @@ def test_small_steps_match_torch_linear(bias, shape):
 
 @pytest.mark.parametrize("shape", [(1, ROWS_FIRST_MAX + 1, 48), (300, 48), (0, 48)])
 def test_larger_steps_are_torch_linear_exactly(shape):
+    torch.set_num_threads(2)
     plain, fast = _pair(True)
     x = torch.randn(*shape)
     with torch.inference_mode():
         assert torch.equal(fast(x), plain(x))
+
+
+def test_one_thread_keeps_torch_linear_above_its_own_limit(monkeypatch):
+    """On one thread W @ x^T lost from 5 rows on (the zoo's target and SmolLM2, scripts/linear_kernel.py)."""
+    plain, fast = _pair(True)
+    calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(a[0].shape) or linear(*a))
+    with torch.inference_mode():
+        one = ROWS_FIRST_MAX_ONE_THREAD
+        for threads, rows, torch_path in ((1, one + 1, True), (1, one, False), (2, one + 1, False)):
+            torch.set_num_threads(threads)
+            x = torch.randn(1, rows, 48)
+            calls.clear()
+            got = fast(x)
+            assert bool(calls) == torch_path, (threads, rows, calls)
+            torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
 
 
 def test_other_dtypes_stay_plain_and_torch_opt_out(monkeypatch):
@@ -61,6 +98,9 @@ def test_gradients_flow_as_through_torch_linear():
 
 
 def test_load_model_runs_it_on_cpu_float32(tiny_models, monkeypatch):
+    small = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32)
+    assert linear_kernel(small.model) == "torch"  # a random tiny Llama's weights stay in the caches
+    monkeypatch.setattr(models, "ROWS_FIRST_MIN_BYTES", 0)  # as a model too large for them
     loaded = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.float32)
     assert linear_kernel(loaded.model) == "rows-first"
     assert isinstance(loaded.model.get_output_embeddings(), RowsFirstLinear)

@@ -72,6 +72,23 @@ def test_paired_verdicts_fail_a_slowdown_and_an_acceptance_drop():
     assert not regressed and "(other weights)" in rows[0][6], rows
 
 
+def test_a_faster_baseline_fails_the_gate_and_the_own_column_says_why():
+    """A speedup that falls because the baseline got faster is a regression of the speedup (what the gate
+    guards); the method's own time per token, change over base, tells it from a method that got slower."""
+    times = {q: 1.0 + q / 10 for q in range(24)}
+    base = {"baseline": fake_run("baseline", times), "sps": fake_run("sps", {q: 0.6 * t for q, t in times.items()})}
+    faster = {"baseline": fake_run("baseline", {q: 0.75 * t for q, t in times.items()}),
+              "sps": fake_run("sps", {q: 0.6 * t for q, t in times.items()})}
+    rows, regressed = check.paired_verdicts(base, faster, GATE)
+    assert regressed and rows[0][-1] == "REGRESSED" and rows[0][2] == "+33.3%", rows
+    assert rows[0][check.PAIRED_HEADER.index("Own time/token")] == "+0.0%", rows
+    assert check.own_change(base["baseline"], faster["baseline"]) == "-25.0%"
+    slower = {"baseline": fake_run("baseline", times), "sps": fake_run("sps", {q: 0.8 * t for q, t in times.items()})}
+    rows, _ = check.paired_verdicts(base, slower, GATE)
+    assert rows[0][check.PAIRED_HEADER.index("Own time/token")] == "+33.3%", rows
+    assert all(len(row) == len(check.PAIRED_HEADER) for row in rows)
+
+
 def test_the_gate_divides_its_false_alarm_rate_among_the_methods():
     rng = np.random.default_rng(3)
     base, change = job(rng, 0.0), job(rng, 0.07, noise=0.04)

@@ -47,6 +47,12 @@ def log_ratios(method: Run, baseline: Run) -> dict[Unit, float]:
     return {u: math.log(ours[u] / base[u]) for u in sorted(ours.keys() & base.keys())}
 
 
+def log_costs(run: Run) -> dict[Unit, float]:
+    """log(seconds per new token) of each unit: a lane's own time, compared between two jobs (not paired
+    in time: what the machine's drift between the jobs does to it stays in)."""
+    return {u: math.log(c) for u, c in unit_costs(run).items()}
+
+
 def trimmed_mean(values: np.ndarray, trim: float = TRIM, axis: int = -1) -> np.ndarray:
     """Mean after cutting `trim` of the values from each end (along `axis`)."""
     n = values.shape[axis]

@@ -55,7 +55,7 @@ BUDGET_MODES = ("auto", "fixed")
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
-CURVE_VERSION = 2  # 2: row counts timed in turn, pass by pass
+CURVE_VERSION = 3  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads
 
 
 def cost_dir() -> Path:

@@ -242,7 +242,7 @@ def paired_verdicts(base: dict[str, Run], change: dict[str, Run], gate: DictConf
     rows, regressed = [], False
     for method in sorted(names):
         if method not in gated:
-            rows.append([method, "-", "-", "-", "-", "-", "-", "new: no base to compare" if method in change
+            rows.append([method, "-", "-", "-", "-", "-", "-", "-", "new: no base to compare" if method in change
                          else "MISSING"])
             regressed |= method not in change
             continue
@@ -253,8 +253,9 @@ def paired_verdicts(base: dict[str, Run], change: dict[str, Run], gate: DictConf
         old_acc, new_acc = mean_accepted(old_run), mean_accepted(new_run)
         acc_bad = same and new_acc < old_acc - 1e-9
         acc = f"{old_acc:.3f} -> {new_acc:.3f}" + ("" if same else " (other weights)")
+        own = own_change(old_run, new_run)
         if shift is None:
-            rows.append([method, "0", "-", "-", "-", "-", acc, "REGRESSED (acceptance)" if acc_bad else "too few"])
+            rows.append([method, "0", "-", "-", "-", "-", acc, own, "REGRESSED (acceptance)" if acc_bad else "too few"])
             regressed |= acc_bad
             continue
         slow = paired.is_regression(shift, alpha, float(gate.min_slowdown))
@@ -262,13 +263,21 @@ def paired_verdicts(base: dict[str, Run], change: dict[str, Run], gate: DictConf
         if acc_bad:
             verdict += " (acceptance)"
         rows.append([method, str(shift.units), f"{shift.slowdown:+.1%}", f"[{shift.low:+.1%}, {shift.high:+.1%}]",
-                     f"{shift.p_value:.4f}", f"{shift.spread:.3f}", acc, verdict])
+                     f"{shift.p_value:.4f}", f"{shift.spread:.3f}", acc, own, verdict])
         regressed |= slow or acc_bad
     return rows, regressed
 
 
 PAIRED_HEADER = ["Method", "Units", "Slowdown", "95% interval", "p (one-sided)", "sd(d)", "#mean accepted",
-                 "Verdict"]
+                 "Own time/token", "Verdict"]
+
+
+def own_change(old_run: Run, new_run: Run) -> str:
+    """A lane's own time per token, change over base, minus 1 (trimmed mean over units): what tells a
+    method that got slower from a baseline that got faster. Not paired in time, so the machine's drift
+    between the two jobs is in it; the verdict reads the paired ratio only."""
+    own = paired.paired_shift(paired.log_costs(old_run), paired.log_costs(new_run))
+    return "-" if own is None else f"{own.slowdown:+.1%}"
 
 
 def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int:
@@ -308,9 +317,13 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
     print(f"\nchange {head[:12]}{' (+ uncommitted)' if dirty else ''} against base {commit[:12]}, paired per "
           f"(question, turn) on this machine ({seconds / 60:.1f} min for both jobs)\n")
     print(markdown(PAIRED_HEADER, rows))
+    baseline = own_change(base[BASELINE], change[BASELINE]) if BASELINE in base and BASELINE in change else "-"
     print(f"\nSlowdown: the trimmed mean over units of the change's (method / baseline) time per token over the "
           f"base's, minus 1; a regression when p < {cfg.quick.gate.alpha:g} / methods and the slowdown is at least "
-          f"{cfg.quick.gate.min_slowdown:.0%}. #mean accepted must not drop where the weights are the same.")
+          f"{cfg.quick.gate.min_slowdown:.0%}. #mean accepted must not drop where the weights are the same. Own "
+          f"time/token: the method's own time per token, change over base, minus 1 (the baseline's: {baseline}); "
+          f"not paired in time, so it carries the machine's drift between the jobs and only explains a verdict: "
+          f"a speedup can fall because the baseline got faster.")
     print(f"\n{'REGRESSION' if regressed else 'no regression'}: change against base {commit[:12]}")
     return status | int(regressed)
 
