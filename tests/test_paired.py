@@ -120,6 +120,25 @@ def test_base_commit_errors_name_the_fix(tmp_path):
         check.load_check_config(["quick.gate.alpha=-1"])
 
 
+def test_a_moved_base_keeps_its_reason(tmp_path):
+    """`check --quick --update --why TEXT` records HEAD with the reason; the gate's header prints both."""
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f").write_text("x")
+    git("add", "f")
+    git("commit", "-qm", "one")
+    cfg = check.load_check_config([f"quick.base_file={tmp_path / 'base.json'}"])
+    assert check.record_base(cfg, tmp_path, "the baseline got faster") == 0
+    recorded = json.loads((tmp_path / "base.json").read_text())
+    assert recorded["why"] == "the baseline got faster" and len(recorded["commit"]) == 40
+    assert check.base_note(cfg, tmp_path).endswith(": the baseline got faster")
+    assert check.base_commit(cfg, tmp_path, None) == recorded["commit"]
+    refused = cli("check", "--why", "x", cwd=tmp_path)
+    assert refused.code != 0 and "--why goes with --quick --update" in refused.err
+
+
 @pytest.fixture(scope="module")
 def schedules(tiny_models, tmp_path_factory):
     """The baseline and sps on three questions: the default schedule and schedule=sequential."""

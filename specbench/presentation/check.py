@@ -194,16 +194,29 @@ def base_commit(cfg: DictConfig, root: Path, given: str | None) -> str:
     return git(["rev-parse", "--verify", f"{commit}^{{commit}}"], root)
 
 
-def record_base(cfg: DictConfig, root: Path) -> int:
-    """`check --quick --update`: the current commit becomes the base later changes are measured against."""
+def base_note(cfg: DictConfig, root: Path) -> str:
+    """When and why the recorded base was chosen (`check --quick --update --why ...`), for the gate's header."""
+    try:
+        recorded = json.loads((root / cfg.quick.base_file).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(recorded, dict):
+        return ""
+    when, why = recorded.get("recorded"), recorded.get("why")
+    return "".join([f"; recorded {when}" if when else "", f": {why}" if why else ""])
+
+
+def record_base(cfg: DictConfig, root: Path, why: str | None = None) -> int:
+    """`check --quick --update`: the current commit becomes the base later changes are measured against
+    (`why`: the reason, kept beside it and printed by every gate run against it)."""
     commit = git(["rev-parse", "HEAD"], root)
     if git(["status", "--porcelain", "--untracked-files=no"], root):
         raise SpecbenchError("the checkout has uncommitted changes; commit them first, since the base must be a "
                              "commit that a worktree can check out")
     path = root / cfg.quick.base_file
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"commit": commit, "recorded": time.strftime("%Y-%m-%d")}, indent=2) + "\n",
-                    encoding="utf-8")
+    record = {"commit": commit, "recorded": time.strftime("%Y-%m-%d"), **({"why": why} if why else {})}
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"base commit {commit[:12]} recorded in {path}; commit that file so CI measures changes against it")
     return 0
 
@@ -314,7 +327,8 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
                 print(f"FAILED: {group.title}: {problem}")
                 status = 1
         rows, regressed = paired_verdicts(base, change, cfg.quick.gate)
-    print(f"\nchange {head[:12]}{' (+ uncommitted)' if dirty else ''} against base {commit[:12]}, paired per "
+    note = "" if base_rev else base_note(cfg, root)
+    print(f"\nchange {head[:12]}{' (+ uncommitted)' if dirty else ''} against base {commit[:12]}{note}, paired per "
           f"(question, turn) on this machine ({seconds / 60:.1f} min for both jobs)\n")
     print(markdown(PAIRED_HEADER, rows))
     baseline = own_change(base[BASELINE], change[BASELINE]) if BASELINE in base and BASELINE in change else "-"
@@ -436,15 +450,19 @@ def check_main(args: list[str]) -> int:
                         help="run the quick suite at the base commit and at this checkout, in turn, and compare them")
     parser.add_argument("--base", metavar="REV", help="with --quick: the commit to compare with (default: "
                         "the one recorded in check.yaml's quick.base_file)")
+    parser.add_argument("--why", metavar="TEXT", help="with --quick --update: why the base moves (kept in the base "
+                        "file and printed by every gate run against it)")
     parser.add_argument("--keep", metavar="DIR", help="with --quick: keep both jobs' answers under DIR")
     parser.add_argument("--allow-missing", action="store_true",
                         help="a group without a reference passes (by default it fails: a gate must not pass unset)")
     parser.add_argument("overrides", nargs="*", help="check.yaml overrides, e.g. quick.gate.min_slowdown=0.1")
     opts = parser.parse_args(args)
     cfg = load_check_config(opts.overrides)
+    if opts.why and not (opts.quick and opts.update):
+        raise SpecbenchError("--why goes with --quick --update (the reason a new base is recorded)")
     if opts.quick:
         if opts.update:
-            return record_base(cfg, Path(git(["rev-parse", "--show-toplevel"], Path.cwd())))
+            return record_base(cfg, Path(git(["rev-parse", "--show-toplevel"], Path.cwd())), opts.why)
         return paired_gate(cfg, opts.base, Path(opts.keep).absolute() if opts.keep else None)
     ref_dir = Path(opts.reference or cfg.reference_dir)
     return check(Path(opts.results or cfg.results_dir), ref_dir, cfg, update=opts.update, quick=False,
