@@ -21,7 +21,7 @@ BENCH_ARGS ?= task=all limit=3 budget=fixed
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-length leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-batch-real leaderboard-length leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,8 +59,11 @@ SWEEP_ARGS ?= task=all limit=10
 # per-step draft budget (`budget=both`: the budget sizes each step's draft from this machine's verification
 # cost at the batch size and context, zero drafted tokens included), and its own report under
 # results/leaderboard/batching (preset beside adaptive, each preset's crossover batch size marked).
+# batch_queue=1: a timed sequence holds batch_size questions, so at every batch size the lanes take turns
+# batch by batch (paired); with the default queue of 4, at 16 one sequence held all 60 questions and the
+# 15 lanes ran one after another, unpaired on a machine that drifts 15-20% (docs/leaderboard.md).
 BATCH_ANSWERS ?= results/answers-batching
-BATCH_ARGS ?= task=all limit=10
+BATCH_ARGS ?= task=all limit=10 batch_queue=1
 BATCH_BUDGET ?= both
 # `make leaderboard-budget`: every speculative method of the `leaderboard` suite with its draft budget on
 # (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), all of
@@ -95,6 +98,19 @@ leaderboard-budget: install  ## draft budgets side by side: each speculative met
 	methods="$$($(PY) -m specbench methods --names --suite leaderboard)" && \
 	$(PY) -m specbench run method=baseline interleave=[$$methods] budget=both $(BUDGET_ARGS) output_dir=$(BUDGET_ANSWERS)
 	$(PY) -m specbench report $(BUDGET_ANSWERS) --out $(LEADERBOARD_OUT)/budget
+
+# `make leaderboard-batch-real`: the same sweep on SmolLM2-135M-Instruct and the official questions (REAL_QUESTIONS,
+# 64 new tokens) for the batch suite's methods that need no trained part (BATCH_REAL_METHODS; SmolLM2's drafts and
+# heads are issue 43's), its report under results/leaderboard/batching-real.
+BATCH_REAL_METHODS ?= pld,suffix
+BATCH_REAL_ANSWERS ?= results/answers-batching-real
+leaderboard-batch-real: install  ## the batch-size sweep on SmolLM2 for the methods without trained parts, then the report
+	$(PY) -m specbench kit fetch smollm2
+	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+	$(PY) -m specbench -m run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) sweep=batch \
+	    method=baseline interleave=[$(BATCH_REAL_METHODS)] budget=$(BATCH_BUDGET) $(BATCH_ARGS) max_new_tokens=64 \
+	    output_dir=$(BATCH_REAL_ANSWERS)
+	$(PY) -m specbench report $(BATCH_REAL_ANSWERS) --out $(LEADERBOARD_OUT)/batching-real
 
 leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup against batch size), then the report
 	$(PY) -m specbench zoo build
