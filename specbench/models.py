@@ -171,7 +171,7 @@ def rows_first_linears(model: torch.nn.Module, min_bytes: int | None = None) -> 
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
                and m.weight.device.type == "cpu"]
     floor = ROWS_FIRST_MIN_BYTES if min_bytes is None else min_bytes
-    if sum({m.weight.data_ptr(): m.weight.numel() * 4 for m in linears}.values()) < floor or not linears:
+    if sum({m.weight.data_ptr(): m.weight.numel() * 4 for m in linears}.values()) < floor:
         return 0
     for module in linears:
         module.__class__ = RowsFirstLinear
