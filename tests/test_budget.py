@@ -13,12 +13,14 @@ from specbench.core.errors import SpecbenchError
 from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftTree, Verdict, verify_sampled
 from specbench.engine.budget import (
+    GAIN_EVIDENCE,
     PROBE_MAX,
     AcceptanceModel,
     BudgetPolicy,
     CostCurve,
     OnlineFit,
     Plan,
+    curve_batches,
     monotone,
 )
 from specbench.run.registry import build_method, method_label
@@ -124,6 +126,68 @@ def test_batch_size_moves_the_budget():
     assert 1 <= four.select(tree, 10).n < one.select(tree, 10).n
 
 
+def batch_curve(batch: int, slope: float) -> CostCurve:
+    curve = CostCurve.synthetic(lambda rows: 0.01 + slope * rows)
+    curve.batch = batch
+    return curve
+
+
+def test_a_draining_batch_reads_the_curve_at_its_live_rows():
+    """A policy at batch size 4 holds curves at 1, 2 and 4 rows; a step with 3 rows live reads
+    between 2 and 4, and a last row alone reads the one-row curve: there verification is cheaper,
+    so it keeps more nodes than each of 4 rows does (the old policy read batch 4's curve for all)."""
+    assert curve_batches(16) == [1, 2, 4, 8, 16] and curve_batches(6) == [1, 2, 4, 6] and curve_batches(1) == [1]
+    curves = {1: batch_curve(1, 0.001), 2: batch_curve(2, 0.002), 4: batch_curve(4, 0.008)}
+    policy = BudgetPolicy(curves[4], curves)
+    assert policy.curve_time(5, 0, live=3) == pytest.approx((0.01 + 0.002 * 5 + 0.01 + 0.008 * 5) / 2)
+    assert policy.curve_time(5, 0, live=1) == pytest.approx(0.01 + 0.001 * 5)
+    assert policy.curve_time(5, 0) == policy.curve_time(5, 0, live=4) == pytest.approx(0.01 + 0.008 * 5)
+    tree = confident_chain(confidence=0.8)
+    alone = policy.choose([tree], 10, [tree.n], Plan("all", False))[0].n
+    four = policy.choose([tree] * 4, 10, [tree.n] * 4, Plan("all", False))[0].n
+    assert 1 <= four < alone
+
+
+def test_the_expected_tokens_follow_what_drafts_gave():
+    """Chains that stand or fall whole (half accepted in full, half rejected at their first node):
+    per-node chances calibrated on the run expect more than the chains give; the ratio of given to
+    expected tokens (`yield_`) brings the policy's expectation to what was measured."""
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.0001 * rows))
+    chain = confident_chain(6, 0.5)
+    for i in range(300):
+        path = list(range(6)) if i % 2 else []
+        policy.observe(chain, Verdict(path, list(range(len(path))), 0))
+    alone = float(policy.accept.node_probs(chain).sum())
+    assert abs(alone - 3.0) > 0.3  # the per-node model alone: off by more than 10%
+    assert policy.yield_ * alone == pytest.approx(3.0, rel=0.1)
+    kept = policy.choose([chain], 10, [6], Plan("all", False))[0]
+    assert kept.n == 6 and policy.rate_now * (0.01 + 0.0001 * 7) == pytest.approx(4.0, rel=0.1)
+
+
+def test_the_steps_own_clock_overrules_the_models():
+    """The models say drafting pays (sure chains, cheap verification); the measured steps say each
+    drafted step took twice what was expected, plain steps what was expected. From that record the
+    policy stops drafting; fed what was expected, it drafts on."""
+    def run(slowdown: float) -> list[str]:
+        policy = BudgetPolicy(batch_curve(4, 0.002))
+        drafting_costs(policy, 0.0005)  # not CHEAP: drafting may stop
+        rows = [confident_chain(6, 0.6) for _ in range(4)]
+        plans = []
+        for _ in range(400):
+            plan = policy.plan(4, 10)
+            plans.append(plan.rows)
+            tokens = 4
+            if plan.rows != "none":
+                kept = policy.choose(rows, 10, [6] * 4, plan)
+                tokens += sum(k.n for k in kept) // 2
+            seconds = tokens / policy.rate_now * (slowdown if plan.rows != "none" else 1.0)
+            policy.outcome(4, tokens)(seconds)
+        return plans
+
+    assert run(1.0)[-100:].count("all") == 100
+    assert run(2.0)[-100:].count("none") > 90
+
+
 def test_zero_nodes_is_a_choice_off_probes():
     """Nodes too unlikely for what a wider step costs: outside a probe nothing is verified (the step is
     the plain one); a probe still verifies the likeliest node (what is never verified is never learnt)."""
@@ -154,8 +218,8 @@ def drafting_costs(policy: BudgetPolicy, seconds: float) -> None:
 
 def test_drafting_stops_where_it_does_not_pay_and_probes_ever_less():
     """A drafter that costs three plain steps per proposal and is rarely right: after its first
-    proposal no row drafts, except one row at probes spaced 1, 2, 4, ... up to PROBE_MAX steps apart;
-    when what it proposes becomes sure, every row drafts again."""
+    GAIN_EVIDENCE proposals no row drafts, except one row at probes spaced 1, 2, 4, ... up to PROBE_MAX
+    steps apart; when what it proposes becomes sure, every row drafts again."""
     policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.001 * rows))
     policy.curve.batch = 4
     drafting_costs(policy, 0.03)
@@ -166,7 +230,7 @@ def test_drafting_stops_where_it_does_not_pay_and_probes_ever_less():
         plans.append(plan.rows)
         if plan.rows != "none":
             policy.choose(rows, 10, [6] * 4, plan)
-    assert plans[0] == "all" and policy.gain < 1
+    assert plans[:GAIN_EVIDENCE] == ["all"] * GAIN_EVIDENCE and plans[GAIN_EVIDENCE] != "all" and policy.gain < 1
     probes = [i for i, rows_ in enumerate(plans) if rows_ == "one"]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[:4] == [2, 3, 5, 9] and max(gaps) == PROBE_MAX + 1 and gaps[-1] == PROBE_MAX + 1

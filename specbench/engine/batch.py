@@ -242,8 +242,8 @@ class BatchDecoder:
                 fresh.append(request)
             if fresh:
                 self.admit(fresh, requests)
-                self.decoder.drafting = None  # the prefill is no drafter's time
-            self.drop_free()
+            if self.drop_free() or fresh:
+                self.decoder.drafting = None  # the prefill and the cache's cut are no drafter's time
             if self.live:
                 self.step(requests)
             elif not fresh:
@@ -292,17 +292,19 @@ class BatchDecoder:
         self.lengths += lengths
         self.live += [row for _, row in appended]
 
-    def drop_free(self) -> None:
-        """Slots nobody took (nothing was waiting) leave the batch, so they cost no compute."""
+    def drop_free(self) -> bool:
+        """Slots nobody took (nothing was waiting) leave the batch, so they cost no compute (True:
+        some left)."""
         keep = [i for i, row in enumerate(self.live) if row is not None]
         if len(keep) == len(self.live):
-            return
+            return False
         if keep:
             self.lengths = [self.lengths[i] for i in keep]
             keep_batch_rows(self.cache, keep, self.lengths)
         else:
             self.cache, self.lengths = None, []
         self.live = [self.live[i] for i in keep]
+        return True
 
     def step(self, requests: Requests) -> None:
         live = [row for row in self.live if row is not None]  # drop_free ran: none is None

@@ -3,13 +3,16 @@ as this device verifies profitably.
 
 Three parts, all outside the verifier, so what is emitted never changes:
 - `CostCurve`: the target's forward time against the rows it scores at once (and the context
-  length), measured at start-up on the device in use at the run's batch size and cached per
-  device, model, dtype and batch (`cost_curve`). While the run goes, `OnlineFit`s turn the curve
-  into the step's measured verification time (offset and scale follow the machine) and fit the
-  drafter's time against the nodes it proposes.
+  length), measured at start-up on the device in use and cached per device, model, dtype and
+  batch (`cost_curve`), at the run's batch size and at the powers of two below it (`curve_batches`):
+  a batch drains as its rows finish, and a step is costed at the rows live then. While the run
+  goes, `OnlineFit`s turn the curve into the step's measured verification time (offset and scale
+  follow the machine) and fit the drafter's time against the nodes it proposes.
 - `AcceptanceModel`: the chance that a node is accepted once its parent is: the drafter's own
   confidence (`DraftTree.confidence`), calibrated against what the target accepted so far, where
-  the tree is deterministic; else the running acceptance at the node's (depth, sibling rank).
+  the tree is deterministic; else the running acceptance at the node's (depth, sibling rank). Its
+  sum over a draft is scaled by what verified drafts gave against what it expected of them
+  (`BudgetPolicy.yield_`: a draft's nodes stand or fall together).
 - `BudgetPolicy.choose`: orders each row's proposal by its nodes' chances of being accepted (a
   parent never after its child) and picks the step's width, the same for every row of a batch
   (the verification pads rows to the longest block): the one that maximises the step's expected
@@ -19,9 +22,11 @@ Three parts, all outside the verifier, so what is emitted never changes:
   they go (chains, EAGLE-2's levels) stop early.
 - `BudgetPolicy.plan`: whether the rows draft at all this step. The policy keeps the gain of
   drafting (the best width's expected rate against the plain step's, every row drafting as the
-  drafted rows did); while it is below 1, drafters that cost more than `CHEAP` of a plain step
-  do not draft, except one row per probe, probes spaced ever further apart (up to `PROBE_MAX`
-  steps): speculation that does not pay on this device at this batch size costs almost nothing.
+  drafted rows did, times `bias`: drafted steps' measured rate over expected against plain steps',
+  per live row count, from the step's own clock); once GAIN_EVIDENCE drafted steps are behind it and
+  while it is below 1, drafters that cost more than `CHEAP` of a plain step do not draft, except one
+  row per probe, probes spaced ever further apart (up to `PROBE_MAX` steps): speculation that does
+  not pay on this device at this batch size costs almost nothing.
 
 Lossless under sampling: with draft probabilities (sampled drafts) only position-based rates are
 used, never a drawn token's own confidence, so which nodes are kept does not depend on the drawn
@@ -55,7 +60,22 @@ BUDGET_MODES = ("auto", "fixed")
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
-CURVE_VERSION = 3  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads
+CURVE_VERSION = 4  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
+# 4: row counts capped at CURVE_POSITIONS positions a forward
+#: the most positions (rows per batch row times batch rows) a curve's forward scores; beyond, extrapolated
+CURVE_POSITIONS = 512
+
+
+def curve_batches(batch: int) -> list[int]:
+    """Batch sizes whose curves a policy at `batch` holds: the powers of two below it, and it. A
+    batch drains (its last rows finish alone), and a forward over fewer rows costs less: the cost of
+    a step is read at the rows still live, between the two nearest batch sizes."""
+    sizes = {batch}
+    size = 1
+    while size < batch:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
 
 
 def cost_dir() -> Path:
@@ -161,7 +181,7 @@ def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: 
     model, device = target.model, target.device
     limit = context_limit or 2048
     contexts = sorted({max(8, min(64, limit // 8)), max(16, min(512, limit // 2))})
-    rows = [r for r in CURVE_ROWS if r + contexts[-1] < limit] or [1]
+    rows = [r for r in CURVE_ROWS if r + contexts[-1] < limit and r * batch <= max(CURVE_POSITIONS, batch)] or [1]
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
     seconds = []
@@ -242,10 +262,23 @@ class OnlineFit:
 #: the longest run of steps without drafting where drafting does not pay: then one row probes
 PROBE_MAX = 128
 #: a drafter whose expected seconds per row are below this share of a plain step's per row always
-#: proposes (the width chosen decides what is verified); a dearer one stops drafting where it does not pay
-CHEAP = 0.01
+#: proposes (the width chosen decides what is verified: none where nothing pays); a dearer one stops
+#: drafting where it does not pay. A retrieval drafter's opportunities come and go with the text (a
+#: passage to copy): one that is seldom asked misses them (SuffixDecoding on the zoo at batch size 16,
+#: at about 6% of a plain step per row, stopped at its answers' first tokens and missed the rest)
+CHEAP = 0.1
 GAIN_MEMORY = 0.5  # weight of the previous gain in the running gain (drafted steps only)
+#: drafted steps behind the running gain before it may stop drafting: a batch's first steps are its answers'
+#: first tokens, where a retrieval drafter has little to match yet
+GAIN_EVIDENCE = 8
 SWITCH_ON = 1.1  # where drafting had stopped, the gain a probe must show to start it again
+#: the tokens a verified draft gave against those the acceptance model expected of it: a running ratio
+#: over drafted rows (each row's weight decays by TOKENS_DECAY per row after it), PRIOR tokens at 1 behind it
+TOKENS_DECAY = 0.99
+#: per live row count, the step's measured tokens per second against the rate the policy expected of it, for
+#: steps that drafted and for steps that did not: a running ratio each (a step's weight decays by
+#: OUTCOME_DECAY per later step of its kind and live count), PRIOR steps at 1 behind it
+OUTCOME_DECAY = 0.95
 #: calibration bins of a drafter's confidence (equal width over [0, 1])
 CONF_BINS = 20
 PRIOR = 2.0  # pseudo-observations behind every prior
@@ -423,20 +456,33 @@ class Plan:
         return self.rows == "all" or (self.rows == "one" and i == self.probe_row)
 
 
+def policy_curves(target: Any, batch: int, context_limit: int | None = None) -> dict[int, CostCurve]:
+    """`cost_curve` at each of `curve_batches(batch)`: what a `BudgetPolicy` at `batch` reads."""
+    return {b: cost_curve(target, b, context_limit) for b in curve_batches(batch)}
+
+
 @dataclass
 class BudgetPolicy:
     """One per method run and batch size (all rows of a batch share it): the two models, whether
-    to draft (`plan`) and what to verify (`choose`)."""
+    to draft (`plan`) and what to verify (`choose`).
+
+    `curve` is the cost at the run's batch size; `smaller` at smaller batch sizes (`curve_batches`):
+    a step's verification is read at the rows live then, between the two nearest measured sizes
+    (fewer rows than any measured size: the smallest size's curve)."""
 
     curve: CostCurve
+    smaller: dict[int, CostCurve] = field(default_factory=dict)
     accept: AcceptanceModel = field(default_factory=AcceptanceModel)
 
     def __post_init__(self) -> None:
+        self.curves = {b: c for b, c in self.smaller.items() if b < self.curve.batch} | {self.curve.batch: self.curve}
+        self.sizes = sorted(self.curves)
         self.verify_fit = OnlineFit(slope=1.0)  # measured verify seconds ~ a + b * curve seconds
         self.draft_fit = OnlineFit(slope=None, bounded=False)  # measured draft seconds ~ a + b * drafter work
         self.rate_now = 0.0  # the chosen width's expected tokens per second (the batch's), last step
         self.marginal = 0.0  # seconds one more verified node costs there (a row's share of a wider step)
         self.gain: float | None = None  # running gain of drafting: best expected rate / the plain step's
+        self.gains = 0  # drafted steps the running gain has seen
         self.interval = 1  # steps between probes while drafting does not pay (doubling to PROBE_MAX)
         self.wait = 0  # steps until the next probe
         self.turn = 0  # the row that probes next (round robin)
@@ -444,22 +490,49 @@ class BudgetPolicy:
         self.steps = self.skipped = 0  # steps planned, and steps on which no row drafted
         self.last = "all"  # the previous step's plan (its rows)
         self.timed = True  # this step's drafting is timed for the fit: the previous step drafted every row
+        self.got = self.expected = PRIOR  # running accepted and expected tokens of verified drafts (`yield_`)
+        #: (drafted?, live rows) -> [measured tokens, expected tokens] of whole steps (`outcome`)
+        self.outcomes: dict[tuple[bool, int], list[float]] = {}
 
     # -- the models -----------------------------------------------------------------------------
 
-    def step_time(self, widths: np.ndarray, context: float) -> np.ndarray:
+    def _around(self, live: int | None) -> tuple[CostCurve, CostCurve, float]:
+        """The measured curves around `live` batch rows and the weight of the upper one (outside
+        the measured sizes: the nearest)."""
+        sizes = self.sizes
+        if live is None or live >= sizes[-1]:
+            return self.curve, self.curve, 1.0
+        if live <= sizes[0]:
+            return self.curves[sizes[0]], self.curves[sizes[0]], 1.0
+        upper = next(b for b in sizes if b >= live)
+        lower = max(b for b in sizes if b <= live)
+        if upper == lower:
+            return self.curves[lower], self.curves[lower], 1.0
+        return self.curves[lower], self.curves[upper], (live - lower) / (upper - lower)
+
+    def curve_times(self, widths: np.ndarray, context: float, live: int | None = None) -> np.ndarray:
+        """The measured curve at each block width for `live` batch rows (None: the run's batch)."""
+        low, high, w = self._around(live)
+        if low is high:
+            return low.times(widths, context)
+        return (1 - w) * low.times(widths, context) + w * high.times(widths, context)
+
+    def curve_time(self, rows: int, context: float, live: int | None = None) -> float:
+        """`curve_times` at one width (plain floats: called every step)."""
+        low, high, w = self._around(live)
+        if low is high:
+            return low.time(rows, context)
+        return (1 - w) * low.time(rows, context) + w * high.time(rows, context)
+
+    def step_time(self, widths: np.ndarray, context: float, live: int | None = None) -> np.ndarray:
         """Seconds of the batch's verification forward at each block width (rows per batch row)."""
         a, b = self.verify_fit.coefficients()
-        return np.maximum(a + b * self.curve.times(widths, context), 1e-9)
+        return np.maximum(a + b * self.curve_times(widths, context, live), 1e-9)
 
-    def plain_time(self, rows: int, context: float) -> float:
+    def plain_time(self, rows: int, context: float, live: int | None = None) -> float:
         """`step_time` at one width (plain floats: called every step)."""
         a, b = self.verify_fit.coefficients()
-        return max(a + b * self.curve.time(rows, context), 1e-9)
-
-    def verify_time(self, rows: np.ndarray, context: float) -> np.ndarray:
-        """A row's share of a step verifying `rows` rows per batch row (the batch shares the forward)."""
-        return self.step_time(rows, context) / self.curve.batch
+        return max(a + b * self.curve_time(rows, context, live), 1e-9)
 
     def draft_time(self, work: float) -> float:
         return max(self.draft_fit(float(work)), 0.0)
@@ -473,9 +546,10 @@ class BudgetPolicy:
             return lambda seconds: None
         return lambda seconds: self.draft_fit.add(float(work), seconds * share)
 
-    def verify_seen(self, rows: int, context: float) -> Callable[[float], None]:
-        """Where a step's measured verification seconds go (`rows` scored over `context` cached)."""
-        return lambda seconds: self.verify_fit.add(self.curve.time(rows, context), seconds)
+    def verify_seen(self, rows: int, context: float, live: int | None = None) -> Callable[[float], None]:
+        """Where a step's measured verification seconds go (`rows` scored for each of `live` batch
+        rows over `context` cached)."""
+        return lambda seconds: self.verify_fit.add(self.curve_time(rows, context, live), seconds)
 
     # -- the choice -----------------------------------------------------------------------------
 
@@ -493,7 +567,7 @@ class BudgetPolicy:
 
     def _plan(self, live: int, context: float) -> Plan:
         self.steps += 1
-        if self.gain is None or self.gain >= 1.0:
+        if self.drafting:
             return Plan("all", True)
         probe = self.wait <= 0
         if probe:
@@ -501,7 +575,7 @@ class BudgetPolicy:
             self.interval = min(2 * self.interval, PROBE_MAX)
         else:
             self.wait -= 1
-        plain = self.plain_time(1, context)
+        plain = self.plain_time(1, context, live)
         if self.draft_time(self.work) <= CHEAP * plain / live:
             return Plan("all", probe)
         if probe:
@@ -509,7 +583,7 @@ class BudgetPolicy:
             return Plan("one", True, self.turn % live)
         self.skipped += 1
         self.rate_now = live / plain  # what a node must beat: the plain step
-        self.marginal = (self.plain_time(2, context) - plain) / live
+        self.marginal = (self.plain_time(2, context, live) - plain) / live
         return Plan("none", False)
 
     def choose(self, trees: list[DraftTree], context: float, works: list[float], plan: Plan) -> list[DraftTree]:
@@ -526,12 +600,13 @@ class BudgetPolicy:
             if tree.n:
                 probs = self.accept.node_probs(tree)
                 orders[i] = np.argsort(-probs, kind="stable")  # a parent's chance >= its child's: parents first
-                values.append(np.concatenate([[1.0], 1.0 + np.cumsum(probs[orders[i]])]))
+                expected = np.minimum(self.yield_ * np.cumsum(probs[orders[i]]), np.arange(1, tree.n + 1))
+                values.append(np.concatenate([[1.0], 1.0 + expected]))
             else:
                 values.append(np.ones(1))
         most = max(len(v) for v in values) - 1
         aux = max((t.aux.k for t in trees if t.aux is not None), default=0)
-        verify = self.step_time(np.arange(most + 2) + 1 + aux, context)  # 0..most nodes, and one more
+        verify = self.step_time(np.arange(most + 2) + 1 + aux, context, live)  # 0..most nodes, and one more
         drafted = np.zeros(most + 1)
         for v in values:  # a row's value at k nodes: its first min(k, n) nodes
             drafted[: len(v)] += v
@@ -546,10 +621,10 @@ class BudgetPolicy:
         # The gain of drafting as the drafters did (their work counted in full): every row drafting as
         # the drafting rows did, at the best width, against the plain step.
         each = len(drafting)
-        plain = self.plain_time(1, context)
+        plain = self.plain_time(1, context, live)
         if most:  # at least one node: what drafting buys (none verified is the plain step, less the drafting)
             best = float(np.max(drafted[1:] / (draft + verify[1:-1] * each / live)))
-            self._learn_gain(best * plain / live, sum(works[i] for i in drafting) / each)
+            self._learn_gain(best * plain / live * self.bias(live), sum(works[i] for i in drafting) / each)
         out = list(trees)
         for i in drafting:
             tree = trees[i]
@@ -560,21 +635,62 @@ class BudgetPolicy:
             out[i] = tree.prune(kept) if tree.aux is not None else tree.select(kept)
         return out
 
+    def outcome(self, live: int, tokens: int) -> Callable[[float], None]:
+        """Where a whole step's measured seconds go (from its drafting's start to its verdicts, `tokens`
+        emitted by `live` rows): against the rate the policy expected of the step (`rate_now`)."""
+        key, expected = (self.last != "none", live), self.rate_now
+
+        def seen(seconds: float) -> None:
+            sums = self.outcomes.setdefault(key, [0.0, 0.0])
+            sums[0] = OUTCOME_DECAY * sums[0] + tokens
+            sums[1] = OUTCOME_DECAY * sums[1] + expected * seconds
+        return seen
+
+    def bias(self, live: int) -> float:
+        """What the models get wrong at `live` rows, measured: drafted steps' measured over expected
+        rate, against plain steps' (each PRIOR steps at 1 behind it). The cost curves are timed on
+        random tokens and fitted across widths, the acceptance model pools the run: the step's own
+        clock says what drafting buys here, on this machine, at this batch size."""
+        ratios = []
+        for drafted in (True, False):
+            got, expected = self.outcomes.get((drafted, live), (0.0, 0.0))
+            ratios.append((got + PRIOR * live) / (expected + PRIOR * live))
+        return ratios[0] / ratios[1]
+
+    @property
+    def drafting(self) -> bool:
+        """Whether every row drafts: until GAIN_EVIDENCE drafted steps are known, and while the
+        running gain is at least 1."""
+        return self.gain is None or self.gains < GAIN_EVIDENCE or self.gain >= 1.0
+
     def _learn_gain(self, gain: float, work: float) -> None:
         """A drafted step's gain joins the running one; where drafting pays again, probes stop."""
-        drafting = self.gain is None or self.gain >= 1.0
+        drafting = self.drafting
         self.gain = gain if self.gain is None else GAIN_MEMORY * self.gain + (1 - GAIN_MEMORY) * gain
+        self.gains += 1
         self.work = work
         if not drafting and self.gain < SWITCH_ON:
             self.gain = min(self.gain, 1.0 - 1e-9)  # not drafting: back on only past SWITCH_ON (no flapping)
-        if self.gain >= 1.0:
+        if self.drafting:
             self.interval, self.wait = 1, 0
 
     def select(self, tree: DraftTree, context: float, work: int | None = None) -> DraftTree:
         """One row's choice (batch size 1): `choose` with that row drafting."""
         return self.choose([tree], context, [tree.n if work is None else work], Plan("all", True))[0]
 
+    @property
+    def yield_(self) -> float:
+        """Accepted tokens of verified drafts over what the acceptance model expected of them. Its
+        chances are each node's alone, calibrated over the run; a draft's nodes stand or fall together
+        (a copied passage is accepted whole, a wrong guess ends a chain), and what runs of text the
+        rows are in now moves the total: this ratio scales the expected tokens of every choice."""
+        return self.got / self.expected
+
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+        if tree.n:
+            expected = float(self.accept.node_probs(tree).sum())
+            self.got = TOKENS_DECAY * self.got + len(verdict.path)
+            self.expected = TOKENS_DECAY * self.expected + expected
         self.accept.observe(tree, verdict)
 
 

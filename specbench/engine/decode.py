@@ -190,7 +190,9 @@ class Decoder:
             verdicts = [self.verify(tree, scored.logits[i, : tree.n + 1], sampling) for i, tree in enumerate(trees)]
         forward.keep(verdicts)
         if policy is not None:
-            self.clock.span(drafted, self.clock.now(), policy.verify_seen(max(t.rows for t in trees), context))
+            done = self.clock.now()
+            self.clock.span(drafted, done, policy.verify_seen(max(t.rows for t in trees), context, len(rows)))
+            self.clock.span(self.drafting, done, policy.outcome(len(rows), sum(len(v.path) + 1 for v in verdicts)))
             for tree, verdict in zip(trees, verdicts, strict=True):
                 policy.observe(tree, verdict)
         self.drafting = None

@@ -30,7 +30,7 @@ from specbench.engine.api import (
     Requests,
 )
 from specbench.engine.batch import BatchDecoder
-from specbench.engine.budget import BUDGET_MODES, BudgetPolicy, cost_curve
+from specbench.engine.budget import BUDGET_MODES, BudgetPolicy, policy_curves
 from specbench.engine.decode import Decoder, OneRow, decode_one
 from specbench.engine.target import TargetScorer, model_context
 from specbench.engine.tree import DraftTree
@@ -125,7 +125,8 @@ class SpeculativeMethod(Method):
         if self.budget_mode != "auto":
             return None
         if batch_size not in self.policies:
-            self.policies[batch_size] = BudgetPolicy(cost_curve(self.target, batch_size, self.context))
+            curves = policy_curves(self.target, batch_size, self.context)
+            self.policies[batch_size] = BudgetPolicy(curves[batch_size], curves)
         return self.policies[batch_size]
 
     #: batched decoding: every drafter that keeps its per-call state per fork (see Drafter.fork)
@@ -149,7 +150,8 @@ class SpeculativeMethod(Method):
 
     def reset(self) -> None:
         self.drafter.reset()
-        self.policies = {b: BudgetPolicy(p.curve) for b, p in self.policies.items()}  # acceptance learned anew
+        # a run's policies start anew (acceptance, fits, outcomes); their curves are kept
+        self.policies = {b: BudgetPolicy(p.curve, p.curves) for b, p in self.policies.items()}
 
     def start_question(self) -> None:
         self.drafter.start_question()
