@@ -133,8 +133,8 @@ def test_a_moved_base_keeps_its_reason(tmp_path):
     assert check.record_base(cfg, tmp_path, "the baseline got faster") == 0
     recorded = json.loads((tmp_path / "base.json").read_text())
     assert recorded["why"] == "the baseline got faster" and len(recorded["commit"]) == 40
-    assert check.base_note(cfg, tmp_path).endswith(": the baseline got faster")
-    assert check.base_commit(cfg, tmp_path, None) == recorded["commit"]
+    commit, note = check.base_commit(cfg, tmp_path, None)
+    assert commit == recorded["commit"] and note == f"; recorded {recorded['recorded']}: the baseline got faster"
     refused = cli("check", "--why", "x", cwd=tmp_path)
     assert refused.code != 0 and "--why goes with --quick --update" in refused.err
 

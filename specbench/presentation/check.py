@@ -173,13 +173,15 @@ def git(args: list[str], cwd: Path) -> str:
     return done.stdout.strip()
 
 
-def base_commit(cfg: DictConfig, root: Path, given: str | None) -> str:
-    """The commit to compare with: `--base REV`, else the one `check --quick --update` recorded."""
+def base_commit(cfg: DictConfig, root: Path, given: str | None) -> tuple[str, str]:
+    """The commit to compare with: `--base REV`, else the one `check --quick --update` recorded; and,
+    for a recorded one, when and why it was chosen (`--why`), for the gate's header ("" for --base)."""
     if given:
-        return git(["rev-parse", "--verify", f"{given}^{{commit}}"], root)
+        return git(["rev-parse", "--verify", f"{given}^{{commit}}"], root), ""
     path = root / cfg.quick.base_file
     try:
-        commit = json.loads(path.read_text(encoding="utf-8"))["commit"]
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        commit = recorded["commit"]
     except FileNotFoundError:
         raise SpecbenchError(f"no base commit recorded in {path}; run `check --quick --update` on a clean "
                              "checkout, or pass --base REV") from None
@@ -191,19 +193,9 @@ def base_commit(cfg: DictConfig, root: Path, given: str | None) -> str:
     if not known:  # a shallow clone: ask its origin for that one commit
         subprocess.run(["git", "fetch", "--quiet", "--depth=1", "origin", commit], cwd=root, capture_output=True,
                        check=False)
-    return git(["rev-parse", "--verify", f"{commit}^{{commit}}"], root)
-
-
-def base_note(cfg: DictConfig, root: Path) -> str:
-    """When and why the recorded base was chosen (`check --quick --update --why ...`), for the gate's header."""
-    try:
-        recorded = json.loads((root / cfg.quick.base_file).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    if not isinstance(recorded, dict):
-        return ""
     when, why = recorded.get("recorded"), recorded.get("why")
-    return "".join([f"; recorded {when}" if when else "", f": {why}" if why else ""])
+    note = "".join([f"; recorded {when}" if when else "", f": {why}" if why else ""])
+    return git(["rev-parse", "--verify", f"{commit}^{{commit}}"], root), note
 
 
 def record_base(cfg: DictConfig, root: Path, why: str | None = None) -> int:
@@ -296,7 +288,7 @@ def own_change(old_run: Run, new_run: Run) -> str:
 def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int:
     """`check --quick`: the quick suite at the base commit and at the change, in turn, compared paired."""
     root = Path(git(["rev-parse", "--show-toplevel"], Path.cwd()))
-    commit = base_commit(cfg, root, base_rev)
+    commit, note = base_commit(cfg, root, base_rev)
     head = git(["rev-parse", "HEAD"], root)
     dirty = bool(git(["status", "--porcelain", "--untracked-files=no"], root))
     methods = quick_methods(cfg)
@@ -327,7 +319,6 @@ def paired_gate(cfg: DictConfig, base_rev: str | None, keep: Path | None) -> int
                 print(f"FAILED: {group.title}: {problem}")
                 status = 1
         rows, regressed = paired_verdicts(base, change, cfg.quick.gate)
-    note = "" if base_rev else base_note(cfg, root)
     print(f"\nchange {head[:12]}{' (+ uncommitted)' if dirty else ''} against base {commit[:12]}{note}, paired per "
           f"(question, turn) on this machine ({seconds / 60:.1f} min for both jobs)\n")
     print(markdown(PAIRED_HEADER, rows))
