@@ -74,7 +74,8 @@ def test_the_lossy_option_is_audited_not_hidden(results):
     lossy = next(r for r in results.results if r.method == "specdec_lossy")
     exact = next(r for r in results.results if r.method == "specdec")
     assert lossy.audit["compared"] == 6 and lossy.audit["equal"] < 6, lossy.audit
-    assert lossy.rows["overall"]["mean_accepted"] > exact.rows["overall"]["mean_accepted"]
+    assert exact.audit["equal"] == exact.audit["compared"] == 6, exact.audit
+    # (#mean accepted of the two is not compared: both run budget=auto, whose choice follows the steps' clock)
 
 
 def test_report_sees_every_method(results):
