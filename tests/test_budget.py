@@ -15,6 +15,7 @@ from specbench.engine import DraftTree, Verdict, verify_sampled
 from specbench.engine.budget import (
     GAIN_EVIDENCE,
     PROBE_MAX,
+    TOKENS_DECAY,
     AcceptanceModel,
     BudgetPolicy,
     CostCurve,
@@ -162,6 +163,29 @@ def test_the_expected_tokens_follow_what_drafts_gave():
     assert policy.yield_ * alone == pytest.approx(3.0, rel=0.1)
     kept = policy.choose([chain], 10, [6], Plan("all", False))[0]
     assert kept.n == 6 and policy.rate_now * (0.01 + 0.0001 * 7) == pytest.approx(4.0, rel=0.1)
+
+
+def test_a_verdict_is_weighed_against_the_expectation_the_choice_was_made_on():
+    """Two rows of one step: the first row's verdict refreshes the acceptance model, so the second
+    row's chances recomputed at its verdict are no longer those its width was chosen on. What the
+    draft gave is set against `choose`'s own expectation (`yield_`'s ratio); a tree the forward
+    reshaped (not the one chosen) is weighed by the model as it is then."""
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.0001 * rows))
+    kept = policy.choose([confident_chain(4, 0.5), confident_chain(4, 0.5)], 10, [4, 4], Plan("all", False))
+    assert [t.n for t in kept] == [4, 4]
+    chosen = [float(policy.accept.node_probs(t).sum()) for t in kept]
+    got, expected = policy.got, policy.expected
+    policy.observe(kept[0], Verdict([0, 1, 2, 3], [0, 1, 2, 3], 0), 0)
+    now = float(policy.accept.node_probs(kept[1]).sum())
+    assert abs(now - chosen[1]) > 0.1  # the refresh moved the second row's chances
+    policy.observe(kept[1], Verdict([], [], 0), 1)
+    decay = policy.expected - TOKENS_DECAY * (TOKENS_DECAY * expected + chosen[0])
+    assert decay == pytest.approx(chosen[1])
+    assert policy.got == pytest.approx(TOKENS_DECAY * (TOKENS_DECAY * got + 4))
+    reshaped = kept[1].select([0, 1])  # what a forward that cannot verify the tree would hand back
+    before, model_now = policy.expected, float(policy.accept.node_probs(reshaped).sum())
+    policy.observe(reshaped, Verdict([], [], 0), 1)
+    assert policy.expected == pytest.approx(TOKENS_DECAY * before + model_now)
 
 
 def test_the_steps_own_clock_overrules_the_models():

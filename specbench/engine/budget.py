@@ -491,6 +491,8 @@ class BudgetPolicy:
         self.last = "all"  # the previous step's plan (its rows)
         self.timed = True  # this step's drafting is timed for the fit: the previous step drafted every row
         self.got = self.expected = PRIOR  # running accepted and expected tokens of verified drafts (`yield_`)
+        #: per batch row, the tree `choose` kept last and the tokens its acceptance model expected of it
+        self.chosen: dict[int, tuple[DraftTree, float]] = {}
         #: (drafted?, live rows) -> [measured tokens, expected tokens] of whole steps (`outcome`)
         self.outcomes: dict[tuple[bool, int], list[float]] = {}
 
@@ -592,13 +594,14 @@ class BudgetPolicy:
         `works` units each, counted in); aux blocks (Lookahead's window) always kept."""
         live = len(trees)
         drafting = [i for i in range(live) if plan.drafts(i)]
+        self.chosen = {}
         if not drafting:
             return trees
-        orders, values = {}, []
+        orders, values, probs_of = {}, [], {}
         for i in drafting:
             tree = trees[i]
             if tree.n:
-                probs = self.accept.node_probs(tree)
+                probs = probs_of[i] = self.accept.node_probs(tree)
                 orders[i] = np.argsort(-probs, kind="stable")  # a parent's chance >= its child's: parents first
                 expected = np.minimum(self.yield_ * np.cumsum(probs[orders[i]]), np.arange(1, tree.n + 1))
                 values.append(np.concatenate([[1.0], 1.0 + expected]))
@@ -629,10 +632,11 @@ class BudgetPolicy:
         for i in drafting:
             tree = trees[i]
             keep = min(k, tree.n)
-            if keep == tree.n:
-                continue
-            kept = sorted(orders[i][:keep].tolist())
-            out[i] = tree.prune(kept) if tree.aux is not None else tree.select(kept)
+            if keep < tree.n:
+                kept = sorted(orders[i][:keep].tolist())
+                out[i] = tree.prune(kept) if tree.aux is not None else tree.select(kept)
+            if keep:  # the model's own expectation, before `yield_` scaled it and the cap at one a node
+                self.chosen[i] = (out[i], float(probs_of[i][orders[i][:keep]].sum()))
         return out
 
     def outcome(self, live: int, tokens: int) -> Callable[[float], None]:
@@ -686,9 +690,17 @@ class BudgetPolicy:
         rows are in now moves the total: this ratio scales the expected tokens of every choice."""
         return self.got / self.expected
 
-    def observe(self, tree: DraftTree, verdict: Verdict) -> None:
+    def observe(self, tree: DraftTree, verdict: Verdict, row: int | None = None) -> None:
+        """A verified tree's verdict: the acceptance model learns from it, and `yield_` sets what it
+        gave against what was expected of it: the expectation `choose` made for batch row `row` when
+        that is the tree verified (the one the choice was made on, before any refresh of the model
+        between rows), else the model's now (a tree the forward reshaped, or no `choose`)."""
         if tree.n:
-            expected = float(self.accept.node_probs(tree).sum())
+            chosen = self.chosen.get(row) if row is not None else None
+            if chosen is not None and chosen[0] is tree:
+                expected = chosen[1]
+            else:
+                expected = float(self.accept.node_probs(tree).sum())
             self.got = TOKENS_DECAY * self.got + len(verdict.path)
             self.expected = TOKENS_DECAY * self.expected + expected
         self.accept.observe(tree, verdict)

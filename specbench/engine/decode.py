@@ -193,8 +193,8 @@ class Decoder:
             done = self.clock.now()
             self.clock.span(drafted, done, policy.verify_seen(max(t.rows for t in trees), context, len(rows)))
             self.clock.span(self.drafting, done, policy.outcome(len(rows), sum(len(v.path) + 1 for v in verdicts)))
-            for tree, verdict in zip(trees, verdicts, strict=True):
-                policy.observe(tree, verdict)
+            for i, (tree, verdict) in enumerate(zip(trees, verdicts, strict=True)):
+                policy.observe(tree, verdict, i)
         self.drafting = None
         for i, (row, tree, verdict) in enumerate(zip(rows, trees, verdicts, strict=True)):
             logits = scored.logits[i]
