@@ -597,13 +597,14 @@ class BudgetPolicy:
         self.chosen = {}
         if not drafting:
             return trees
-        orders, values, probs_of = {}, [], {}
+        orders, values, sums = {}, [], {}
         for i in drafting:
             tree = trees[i]
             if tree.n:
-                probs = probs_of[i] = self.accept.node_probs(tree)
+                probs = self.accept.node_probs(tree)
                 orders[i] = np.argsort(-probs, kind="stable")  # a parent's chance >= its child's: parents first
-                expected = np.minimum(self.yield_ * np.cumsum(probs[orders[i]]), np.arange(1, tree.n + 1))
+                sums[i] = np.cumsum(probs[orders[i]])  # the model's expected tokens of the first 1..n nodes
+                expected = np.minimum(self.yield_ * sums[i], np.arange(1, tree.n + 1))
                 values.append(np.concatenate([[1.0], 1.0 + expected]))
             else:
                 values.append(np.ones(1))
@@ -636,7 +637,7 @@ class BudgetPolicy:
                 kept = sorted(orders[i][:keep].tolist())
                 out[i] = tree.prune(kept) if tree.aux is not None else tree.select(kept)
             if keep:  # the model's own expectation, before `yield_` scaled it and the cap at one a node
-                self.chosen[i] = (out[i], float(probs_of[i][orders[i][:keep]].sum()))
+                self.chosen[i] = (out[i], float(sums[i][keep - 1]))
         return out
 
     def outcome(self, live: int, tokens: int) -> Callable[[float], None]:
