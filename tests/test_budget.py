@@ -14,6 +14,7 @@ from specbench.core.sampling import SamplingParams
 from specbench.engine import DraftTree, Verdict, verify_sampled
 from specbench.engine.budget import (
     GAIN_EVIDENCE,
+    LONG_POSITIONS,
     PROBE_MAX,
     TOKENS_DECAY,
     AcceptanceModel,
@@ -21,7 +22,9 @@ from specbench.engine.budget import (
     CostCurve,
     OnlineFit,
     Plan,
+    cost_curve,
     curve_batches,
+    curve_contexts,
     monotone,
 )
 from specbench.run.registry import build_method, method_label
@@ -147,6 +150,61 @@ def test_a_draining_batch_reads_the_curve_at_its_live_rows():
     alone = policy.choose([tree], 10, [tree.n], Plan("all", False))[0].n
     four = policy.choose([tree] * 4, 10, [tree.n] * 4, Plan("all", False))[0].n
     assert 1 <= four < alone
+
+
+def test_a_long_run_times_its_length_bucket():
+    """Curves are timed over 64 and 512 cached positions, and a run whose steps reach past LONG_FROM over its
+    length bucket too (the next power of two, within the model's context and LONG_POSITIONS over the rows)."""
+    assert curve_contexts(8192) == curve_contexts(8192, 1, 700) == [64, 512]
+    assert curve_contexts(8192, 1, 3000) == [64, 512, 4096]
+    assert curve_contexts(8192, 1, 7300) == [64, 512, 8192 - 256]  # the room for the curve's rows kept
+    assert curve_contexts(8192, 8, 3000) == [64, 512, LONG_POSITIONS // 8]
+    assert curve_contexts(8192, 32, 3000) == [64, 512], "a bucket cut to 512 positions adds nothing"
+    assert curve_contexts(512, 1, 3000) == [64, 256]
+
+
+def test_the_curve_reads_between_the_two_nearest_contexts():
+    """With a length bucket the cost is read between the two measured contexts around the step's (the first
+    two below them, the last two beyond), not along a line from the first to the last."""
+    rows = [1, 2, 4]
+    curve = CostCurve(rows, [64, 512, 4096], [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [3.0, 6.0, 9.0]])
+    assert curve.time(2, 512) == pytest.approx(2.0) and curve.time(2, 4096) == pytest.approx(6.0)
+    assert curve.time(2, 2048) == pytest.approx(2.0 + (2048 - 512) / (4096 - 512) * 4.0)
+    assert curve.time(2, 300) == pytest.approx(2.0)
+    assert curve.time(2, 6144) == pytest.approx(6.0 + (6144 - 4096) / (4096 - 512) * 4.0)
+    for context in (0, 300, 2048, 6144):
+        assert curve.times(torch.tensor([1, 2, 3, 4]).numpy(), context) == pytest.approx(
+            [curve.time(r, context) for r in (1, 2, 3, 4)])
+
+
+def test_the_length_bucket_is_measured_and_cached_apart(targets, cost_dir):
+    target = targets["llama"]  # rotary positions: longer contexts than its config's 512 run all the same
+    short = cost_curve(target, 1, context_limit=4096)
+    long = cost_curve(target, 1, context_limit=4096, longest=1500)
+    assert short.contexts == [64, 512] and long.contexts == [64, 512, 2048]
+    assert len(list(cost_dir.glob("*.json"))) == 2
+    assert cost_curve(target, 1, context_limit=4096, longest=1900).contexts == long.contexts  # the same bucket
+    assert len(list(cost_dir.glob("*.json"))) == 2
+
+
+def test_a_run_tells_the_budget_how_far_its_steps_reach(tiny_models, cost_dir, tmp_path, monkeypatch):
+    """The runner prepares each budgeted method with the longest prompt (every turn's text) and every turn's
+    answer: a two-turn question reaches max_new_tokens twice."""
+    from specbench.engine import loop
+
+    told = []
+    curves = loop.policy_curves
+    monkeypatch.setattr(loop, "policy_curves", lambda t, b, c, longest=None: told.append(longest) or curves(
+        t, b, c, longest))
+    questions = write_questions(tmp_path / "q.jsonl", per_category=1)
+    for tokens in (8, 40):
+        done = cli("run", "model=local", f"model.path={tiny_models['llama']}", "method=pld", "budget=auto",
+                   "dataset=spec_bench", f"dataset.path={questions}", f"output_dir={tmp_path / str(tokens)}",
+                   f"max_new_tokens={tokens}", "warmup=0", "progress=false", "task=[mt_bench,qa]",
+                   "contention_threshold=1000", "baseline=false", cwd=tmp_path)
+        assert done.code == 0, done
+    assert len(told) == 2 and told[0] > 16
+    assert told[1] - told[0] == 2 * (40 - 8)
 
 
 def test_the_expected_tokens_follow_what_drafts_gave():

@@ -197,9 +197,10 @@ class Method:
         (Online Speculative Decoding's draft, Token Recycling's adjacency, the budget's acceptance)
         is kept."""
 
-    def prepare(self, batch_size: int) -> None:
+    def prepare(self, batch_size: int, longest: int | None = None) -> None:
         """Before a run's warm-up, untimed: measure what the method needs of the device at this
-        batch size (the draft budget's cost curve)."""
+        batch size and for steps over up to `longest` cached positions (the draft budget's cost
+        curve; None: not known)."""
 
     def start_stream(self) -> None:
         """The timed question stream of a run starts (after the warm-up): a method that learns

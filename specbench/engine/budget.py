@@ -3,8 +3,9 @@ as this device verifies profitably.
 
 Three parts, all outside the verifier, so what is emitted never changes:
 - `CostCurve`: the target's forward time against the rows it scores at once (and the context
-  length), measured at start-up on the device in use and cached per device, model, dtype and
-  batch (`cost_curve`), at the run's batch size and at the powers of two below it (`curve_batches`):
+  length), measured at start-up on the device in use and cached per device, model, dtype, batch and
+  contexts (`cost_curve`; a long run's length bucket is timed too: `curve_contexts`), at the run's batch
+  size and at the powers of two below it (`curve_batches`):
   a batch drains as its rows finish, and a step is costed at the rows live then. While the run
   goes, `OnlineFit`s turn the curve into the step's measured verification time (offset and scale
   follow the machine) and fit the drafter's time against the nodes it proposes.
@@ -35,6 +36,7 @@ values; siblings drawn without replacement are kept as a prefix.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -60,10 +62,17 @@ BUDGET_MODES = ("auto", "fixed")
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
-CURVE_VERSION = 4  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
-# 4: row counts capped at CURVE_POSITIONS positions a forward
+CURVE_VERSION = 5  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
+# 4: row counts capped at CURVE_POSITIONS positions a forward; 5: a run's length bucket timed as a context of its own
 #: the most positions (rows per batch row times batch rows) a curve's forward scores; beyond, extrapolated
 CURVE_POSITIONS = 512
+#: a run whose steps reach past LONG_FROM cached positions has its curves timed at its length bucket too (the
+#: next power of two, within the model's context): a verification's cost grows with the context at a rate
+#: that two short contexts do not tell (their difference is mostly the machine's noise)
+LONG_FROM = 1024
+#: the most cached positions (batch rows times context) a curve's long context holds: a larger batch's bucket
+#: is cut to fit (its prefill alone would take minutes on a CPU), and beyond it the curve extrapolates
+LONG_POSITIONS = 16384
 
 
 def curve_batches(batch: int) -> list[int]:
@@ -78,6 +87,20 @@ def curve_batches(batch: int) -> list[int]:
     return sorted(sizes)
 
 
+def curve_contexts(limit: int, batch: int = 1, longest: int | None = None) -> list[int]:
+    """Cached positions a curve at `batch` is timed over, for a model of `limit` positions and a run whose
+    steps reach `longest`: 64 and 512 (fewer for a short model), and the run's length bucket where it
+    reaches past LONG_FROM (the next power of two above `longest`, at most LONG_POSITIONS over the batch
+    rows and within the context)."""
+    contexts = {max(8, min(64, limit // 8)), max(16, min(512, limit // 2))}
+    if longest is not None and longest > LONG_FROM:
+        fits = 1 << (max(LONG_POSITIONS // max(batch, 1), 1).bit_length() - 1)
+        bucket = min(1 << (int(longest) - 1).bit_length(), fits, limit - CURVE_POSITIONS // 2)
+        if bucket > 2 * max(contexts):
+            contexts.add(bucket)
+    return sorted(contexts)
+
+
 def cost_dir() -> Path:
     """$SPECBENCH_COST_DIR if set, else ~/.cache/specbench/costs."""
     return env_folder(COST_DIR_VAR, default_cache() / "costs")
@@ -86,7 +109,8 @@ def cost_dir() -> Path:
 @dataclass
 class CostCurve:
     """Seconds of one target forward scoring `rows` new positions per batch row, at each of
-    `contexts` cached positions (seconds[c][r]); linear in between, extended linearly beyond."""
+    `contexts` cached positions (seconds[c][r]); linear in between (in rows, and between the two nearest
+    contexts), extended linearly beyond."""
 
     rows: list[int]
     contexts: list[int]
@@ -104,9 +128,9 @@ class CostCurve:
             return float(self.times(np.array([rows]), context)[0])
         if len(lists) == 1:
             return lists[0][rows]
-        c0, c1 = self.contexts[0], self.contexts[-1]
-        lo, hi = lists[0][rows], lists[-1][rows]
-        return max(lo + (context - c0) / (c1 - c0) * (hi - lo), 0.0)
+        i, w = self._segment(context)
+        lo, hi = lists[i][rows], lists[i + 1][rows]
+        return max(lo + w * (hi - lo), 0.0)
 
     def times(self, rows: np.ndarray, context: float = 0.0) -> np.ndarray:
         """Seconds at each of `rows` (whole numbers >= 0) at `context` cached positions."""
@@ -118,9 +142,15 @@ class CostCurve:
             at = np.stack([_interp(index.astype(float), self.rows, s) for s in self.seconds])
         if len(at) == 1:
             return at[0]
-        c0, c1 = self.contexts[0], self.contexts[-1]
-        w = (context - c0) / (c1 - c0)
-        return np.maximum(at[0] + w * (at[-1] - at[0]), 0.0)
+        i, w = self._segment(context)
+        return np.maximum(at[i] + w * (at[i + 1] - at[i]), 0.0)
+
+    def _segment(self, context: float) -> tuple[int, float]:
+        """The two measured contexts `context` is read between (the first two below them, the last two
+        beyond) and its weight on the second."""
+        cs = self.contexts
+        i = 0 if len(cs) == 2 else min(max(bisect.bisect_right(cs, context) - 1, 0), len(cs) - 2)
+        return i, (context - cs[i]) / (cs[i + 1] - cs[i])
 
     def _dense(self) -> np.ndarray:
         """(contexts, DENSE_ROWS) the curve at every whole row count, built once: a step's lookups
@@ -157,14 +187,17 @@ def monotone(ys: list[float]) -> list[float]:
     return [m for m, c in blocks for _ in range(int(c))]
 
 
-def curve_key(model: Any, device: torch.device, dtype: torch.dtype, batch: int) -> dict[str, Any]:
-    """What a cached curve belongs to: the device, the model's architecture, the dtype, the batch."""
+def curve_key(model: Any, device: torch.device, dtype: torch.dtype, batch: int,
+              contexts: list[int] | None = None) -> dict[str, Any]:
+    """What a cached curve belongs to: the device, the model's architecture, the dtype, the batch, the
+    contexts timed (`curve_contexts`: a run's length bucket has curves of its own)."""
     config = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else ""
     return {
         "version": CURVE_VERSION, "device": device_name(device), "device_type": device.type,
         "threads": torch.get_num_threads() if device.type == "cpu" else None, "torch": torch.__version__,
         "model": hashlib.sha256(config.encode()).hexdigest()[:16], "dtype": str(dtype), "batch": batch,
         "attention": getattr(model.config, "_attn_implementation", None), "linear": linear_kernel(model),
+        "contexts": contexts,
     }
 
 
@@ -174,13 +207,15 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: int | None = None) -> CostCurve:
+def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: int | None = None,
+                  contexts: list[int] | None = None) -> CostCurve:
     """Time the target's forward on `rows` new positions over a cache of each context length
-    (random tokens; passes over every row count in turn, the first a warm-up, the median of the
-    other `repeats` per row count; made non-decreasing in rows)."""
+    (`contexts`, else `curve_contexts`' two short ones; random tokens; passes over every row count in
+    turn, the first a warm-up, the median of the other `repeats` per row count; made non-decreasing in
+    rows)."""
     model, device = target.model, target.device
     limit = context_limit or 2048
-    contexts = sorted({max(8, min(64, limit // 8)), max(16, min(512, limit // 2))})
+    contexts = sorted(contexts or curve_contexts(limit, batch))
     rows = [r for r in CURVE_ROWS if r + contexts[-1] < limit and r * batch <= max(CURVE_POSITIONS, batch)] or [1]
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
@@ -206,10 +241,12 @@ def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: 
     return CostCurve(rows, contexts, seconds, batch)
 
 
-def cost_curve(target: Any, batch: int = 1, context_limit: int | None = None) -> CostCurve:
-    """The target's cost curve on this device at this batch size: from the cache, else measured
-    now and cached (one JSON file per device, model, dtype and batch)."""
-    key = curve_key(target.model, target.device, target.dtype, batch)
+def cost_curve(target: Any, batch: int = 1, context_limit: int | None = None, longest: int | None = None) -> CostCurve:
+    """The target's cost curve on this device at this batch size, for a run whose steps reach `longest`
+    cached positions (`curve_contexts`): from the cache, else measured now and cached (one JSON file per
+    device, model, dtype, batch and contexts)."""
+    contexts = curve_contexts(context_limit or 2048, batch, longest)
+    key = curve_key(target.model, target.device, target.dtype, batch, contexts)
     path = cost_dir() / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json")
     try:
         stored = json.loads(path.read_text())
@@ -218,7 +255,7 @@ def cost_curve(target: Any, batch: int = 1, context_limit: int | None = None) ->
             return CostCurve(list(c["rows"]), list(c["contexts"]), [list(s) for s in c["seconds"]], batch)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    curve = measure_curve(target, batch, context_limit=context_limit)
+    curve = measure_curve(target, batch, context_limit=context_limit, contexts=contexts)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_meta(path, {"key": key, "curve": {"rows": curve.rows, "contexts": curve.contexts,
@@ -456,9 +493,10 @@ class Plan:
         return self.rows == "all" or (self.rows == "one" and i == self.probe_row)
 
 
-def policy_curves(target: Any, batch: int, context_limit: int | None = None) -> dict[int, CostCurve]:
+def policy_curves(target: Any, batch: int, context_limit: int | None = None,
+                  longest: int | None = None) -> dict[int, CostCurve]:
     """`cost_curve` at each of `curve_batches(batch)`: what a `BudgetPolicy` at `batch` reads."""
-    return {b: cost_curve(target, b, context_limit) for b in curve_batches(batch)}
+    return {b: cost_curve(target, b, context_limit, longest) for b in curve_batches(batch)}
 
 
 @dataclass

@@ -115,17 +115,20 @@ class SpeculativeMethod(Method):
         self.scorer = TargetScorer(target.model, target.device, target.dtype)
         self.context = model_context(target.model.config)
         self.policies: dict[int, BudgetPolicy] = {}
+        self.longest: int | None = None  # the cached positions the run's steps reach (prepare)
 
-    def prepare(self, batch_size: int) -> None:
+    def prepare(self, batch_size: int, longest: int | None = None) -> None:
+        self.longest = longest
         self.policy(batch_size)
 
     def policy(self, batch_size: int) -> BudgetPolicy | None:
         """The draft budget at this batch size under `budget=auto` (None under `fixed`): its cost
-        curve measured on first use (or read from the cache), its acceptance learned in the run."""
+        curve measured on first use (or read from the cache; at the run's length bucket where `prepare`
+        was told the positions its steps reach), its acceptance learned in the run."""
         if self.budget_mode != "auto":
             return None
         if batch_size not in self.policies:
-            curves = policy_curves(self.target, batch_size, self.context)
+            curves = policy_curves(self.target, batch_size, self.context, self.longest)
             self.policies[batch_size] = BudgetPolicy(curves[batch_size], curves)
         return self.policies[batch_size]
 

@@ -22,10 +22,10 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specbench.engine.layers import probe_verdict
 from specbench.engine.tree import DraftTree
-from specbench.models import GrowingLayer, new_cache
+from specbench.models import PACKED_SDPA, GrowingLayer, new_cache
 
 #: attention implementations that add a custom 4D float mask to the scores as given
-TREE_ATTENTION_IMPLS = ("eager", "sdpa")
+TREE_ATTENTION_IMPLS = ("eager", "sdpa", PACKED_SDPA)
 #: cache layers `keep_rows` can compact (exact types: subclasses keep other state)
 COMPACTABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, GrowingLayer)
 

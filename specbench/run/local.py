@@ -165,12 +165,21 @@ class LocalBackend:
             ident = identity(self.cfg, c, self.target.dtype, parts_identity(method_parts(self.cfg, c)))
             opened.append(LocalMethod(method, c, method_label(c), ident, facts))
         self.measure_precision()
+        longest = self.longest_context() if any(getattr(m.method, "budget_mode", None) == "auto"
+                                                for m in opened) else None
         for m in opened:
             if self.batch_size > 1 and m.method.batch_problem is not None:
                 raise SpecbenchError(f"method '{m.cfg.name}' cannot run batched: {m.method.batch_problem}; run it "
                                      "with batch_size=1")
-            m.method.prepare(self.batch_size)  # untimed: e.g. the draft budget's cost curve for this device
+            m.method.prepare(self.batch_size, longest)  # untimed: e.g. the draft budget's cost curve for this device
         return opened
+
+    def longest_context(self) -> int:
+        """About the most cached positions a step of this run reaches: the longest question's prompt with
+        all its turns' text, and max_new_tokens for each turn's answer, within the model's context."""
+        longest = max((len(self.prompt(q, len(q.turns) - 1, [""] * (len(q.turns) - 1)))
+                       + len(q.turns) * self.stop.max_new_tokens for q in self.questions), default=0)
+        return min(longest, self.context) if self.context else longest
 
     def measure_precision(self) -> None:
         """Untimed, once: how far this dtype on this device moves the target's top-2 logit gaps between

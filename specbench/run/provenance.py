@@ -76,6 +76,7 @@ def environment(target: LoadedModel) -> dict[str, Any]:
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "linear": linear_kernel(target.model),
+        "attention": getattr(target.model.config, "_attn_implementation", None),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu": cpu,
