@@ -117,3 +117,20 @@ def test_load_model_runs_it_on_cpu_float32(tiny_models, monkeypatch):
             torch.testing.assert_close(fast_out, plain_out, rtol=1e-4, atol=1e-4)
     bf16 = load_model(str(tiny_models["llama"]), device=torch.device("cpu"), dtype=torch.bfloat16)
     assert linear_kernel(bf16.model) == "torch"
+
+
+def test_rows_reach_the_product_one_after_another(monkeypatch):
+    """A layer's output is a transposed view (W @ x^T, then ^T); fed to the next layer as is (SmolLM2's gated MLP
+    into down_proj) its rows are columns, and MKL's product over such a B runs 3-4x slower for 2-8 rows: the rows
+    are laid out one after another first."""
+    torch.set_num_threads(2)
+    plain, fast = _pair(False)
+    seen = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(b.stride()) or mm(a, b))
+    x = torch.randn(48, 3).t()[None]  # (1, 3, 48), its rows strided as another RowsFirstLinear's output
+    assert not x.is_contiguous()
+    with torch.inference_mode():
+        got = fast(x)
+    assert seen == [(1, 48)], "x^T handed to the product with its rows as columns"
+    torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)

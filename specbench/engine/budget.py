@@ -62,8 +62,9 @@ BUDGET_MODES = ("auto", "fixed")
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
-CURVE_VERSION = 5  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
-# 4: row counts capped at CURVE_POSITIONS positions a forward; 5: a run's length bucket timed as a context of its own
+CURVE_VERSION = 6  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
+# 4: row counts capped at CURVE_POSITIONS positions a forward; 5: a run's length bucket timed as a context of its own;
+# 6: RowsFirstLinear lays its rows out one after another (2-8 rows on SmolLM2 were timed 3-4x dear in down_proj)
 #: the most positions (rows per batch row times batch rows) a curve's forward scores; beyond, extrapolated
 CURVE_POSITIONS = 512
 #: a run whose steps reach past LONG_FROM cached positions has its curves timed at its length bucket too (the
