@@ -167,7 +167,7 @@ class RowsFirstLinear(torch.nn.Linear):
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-#: the attention a float32/any-dtype CPU model with grouped-query attention runs (`packed_attention`)
+#: the attention a CPU model with grouped-query heads under SDPA runs, in any dtype (`packed_attention`)
 PACKED_SDPA = "sdpa_packed"
 #: blocks of at most this many query rows run packed; longer ones (a prefill) run as transformers' SDPA runs them
 PACKED_ROWS_MAX = 64
@@ -185,9 +185,9 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     transformers packs the queries so for a one-row step only; a masked step of several rows (every
     verification) copies the whole cache `groups` times per layer (`repeat_kv`) instead, and over a
     long cache that copy is most of the step: SmolLM2 (9 query heads on 3 key-value heads, 2 cores) took
-    60 ms for one row and 160 ms for two over 4,096 cached positions. The same products and sums per
-    row (float32 rounding may differ, as with any change of block shape); steps that are not a masked
-    block of 2..PACKED_ROWS_MAX rows go to transformers' SDPA."""
+    60 ms for one row and 166 ms for two over 4,096 cached positions (scripts/packed_attention.py). The
+    same products and sums per row (float32 rounding may differ, as with any change of block shape); steps
+    that are not a masked block of 2..PACKED_ROWS_MAX rows go to transformers' SDPA."""
     groups = int(getattr(module, "num_key_value_groups", 1))
     rows = query.shape[2]
     if (groups > 1 and 1 < rows <= PACKED_ROWS_MAX and attention_mask is not None and attention_mask.dim() == 4
