@@ -25,6 +25,7 @@ from specbench.engine.budget import (
     cost_curve,
     curve_batches,
     curve_contexts,
+    measure_curve,
     monotone,
 )
 from specbench.run.registry import build_method, method_label
@@ -185,6 +186,34 @@ def test_the_length_bucket_is_measured_and_cached_apart(targets, cost_dir):
     assert len(list(cost_dir.glob("*.json"))) == 2
     assert cost_curve(target, 1, context_limit=4096, longest=1900).contexts == long.contexts  # the same bucket
     assert len(list(cost_dir.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_batch_curve_times_the_batched_steps_mask(targets, batch):
+    """A batch's curve is timed on the forward a batched step runs: the same 4D mask and positions as
+    `step_inputs` gives rows of equal length verifying chains (the attention takes another code path
+    without one: SmolLM2's one-row step at batch size 8 cost 158 ms unmasked against 112 masked); a single
+    row's forwards take none, as a chain's step."""
+    from specbench.engine.batch import step_inputs
+
+    target = targets["llama"]
+    seen: list[tuple[tuple[int, ...], dict]] = []
+    hook = target.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((tuple(kwargs["input_ids"].shape), dict(kwargs))), with_kwargs=True)
+    try:
+        curve = measure_curve(target, batch, repeats=1, context_limit=512, contexts=[16])
+    finally:
+        hook.remove()
+    steps = [(shape, kwargs) for shape, kwargs in seen if "logits_to_keep" not in kwargs]  # the prefill keeps one
+    assert {shape[1] for shape, _ in steps} == set(curve.rows)
+    for (b, n), kwargs in steps:
+        if batch == 1:
+            assert kwargs.get("attention_mask") is None and kwargs.get("position_ids") is None
+            continue
+        trees = [DraftTree.chain(torch.zeros(n - 1, dtype=torch.long))] * b
+        _, mask, positions = step_inputs(trees, [0] * b, [16] * b, 16, torch.device("cpu"), target.dtype)
+        assert torch.equal(kwargs["attention_mask"], mask), f"{n} rows: the mask differs from a batched step's"
+        assert torch.equal(kwargs["position_ids"], positions)
 
 
 def test_a_run_tells_the_budget_how_far_its_steps_reach(tiny_models, cost_dir, tmp_path, monkeypatch):

@@ -52,6 +52,7 @@ import torch
 from specbench.core.answers import write_meta
 from specbench.core.hardware import device_name
 from specbench.core.resources import default_cache, env_folder
+from specbench.engine.target import tree_attention_inputs
 from specbench.engine.tree import DraftTree, layout_of
 from specbench.engine.verifier import Verdict
 from specbench.models import linear_kernel
@@ -62,9 +63,10 @@ BUDGET_MODES = ("auto", "fixed")
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DENSE_ROWS = 513  # CostCurve's lookup table: rows 0..512 (beyond: interpolated)
 COST_DIR_VAR = "SPECBENCH_COST_DIR"
-CURVE_VERSION = 6  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
+CURVE_VERSION = 7  # 2: row counts timed in turn, pass by pass; 3: the linear kernel's rule by size and threads;
 # 4: row counts capped at CURVE_POSITIONS positions a forward; 5: a run's length bucket timed as a context of its own;
-# 6: RowsFirstLinear lays its rows out one after another (2-8 rows on SmolLM2 were timed 3-4x dear in down_proj)
+# 6: RowsFirstLinear lays its rows out one after another (2-8 rows on SmolLM2 were timed 3-4x dear in down_proj);
+# 7: a batch's forwards timed with the batched step's 4D mask (`curve_inputs`)
 #: the most positions (rows per batch row times batch rows) a curve's forward scores; beyond, extrapolated
 CURVE_POSITIONS = 512
 #: a run whose steps reach past LONG_FROM cached positions has its curves timed at its length bucket too (the
@@ -207,13 +209,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def curve_inputs(batch: int, rows: int, context: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The mask and positions of a curve's forward of `rows` new positions per batch row over `context` cached:
+    for a batch, what a batched step of equal-length rows passes (engine.batch.step_inputs: a chain's block,
+    its own past visible); one row, nothing (a chain's step: the model's own causal mask). Measured on
+    SmolLM2 at batch size 8 over 512 cached positions: a one-row step without a mask takes SDPA's grouped
+    path, 158 ms, and with the batch's mask 112 ms (transformers packs its queries), so a curve timed
+    without the mask priced the plain step 40% above the run's and drafting as almost free."""
+    if batch == 1:
+        return {}
+    mask, positions = tree_attention_inputs(DraftTree.chain(torch.zeros(rows - 1, dtype=torch.long)), context,
+                                            device, dtype)
+    return {"attention_mask": mask.expand(batch, 1, rows, context + rows).contiguous(),
+            "position_ids": positions.expand(batch, rows)}
+
+
 @torch.inference_mode()
 def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: int | None = None,
                   contexts: list[int] | None = None) -> CostCurve:
     """Time the target's forward on `rows` new positions over a cache of each context length
     (`contexts`, else `curve_contexts`' two short ones; random tokens; passes over every row count in
     turn, the first a warm-up, the median of the other `repeats` per row count; made non-decreasing in
-    rows)."""
+    rows). A batch's forwards take the 4D additive mask and positions a batched step passes
+    (`curve_inputs`), a single row's none, as a chain's step: the attention's code path follows the mask."""
     model, device = target.model, target.device
     limit = context_limit or 2048
     contexts = sorted(contexts or curve_contexts(limit, batch))
@@ -228,12 +246,13 @@ def measure_curve(target: Any, batch: int = 1, repeats: int = 5, context_limit: 
         ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
         model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         blocks = [torch.randint(0, vocab, (batch, n), generator=gen).to(device) for n in rows]
+        extras = [curve_inputs(batch, n, context, device, target.dtype) for n in rows]
         times: list[list[float]] = [[] for _ in rows]
         for i in range(repeats + 1):  # every row count once per pass: a drift of the machine's speed hits all alike
-            for n, block, seen in zip(rows, blocks, times, strict=True):
+            for n, block, extra, seen in zip(rows, blocks, extras, times, strict=True):
                 _sync(device)
                 t = time.perf_counter()
-                model(input_ids=block, cache=cache, use_cache=True)
+                model(input_ids=block, cache=cache, use_cache=True, **extra)
                 _sync(device)
                 if i:  # the first pass warms up
                     seen.append(time.perf_counter() - t)
