@@ -15,6 +15,7 @@ from specbench.engine import DraftTree, Verdict, verify_sampled
 from specbench.engine.budget import (
     GAIN_EVIDENCE,
     LONG_POSITIONS,
+    PROBE_EVERY,
     PROBE_MAX,
     TOKENS_DECAY,
     AcceptanceModel,
@@ -352,7 +353,25 @@ def test_drafting_stops_where_it_does_not_pay_and_probes_ever_less():
         plan = policy.plan(4, 10)
         if plan.rows != "none":
             policy.choose(sure, 10, [6] * 4, plan)
-    assert policy.gain >= 1 and policy.plan(4, 10) == Plan("all", True)
+    assert policy.gain >= 1 and policy.plan(4, 10).rows == "all"
+
+
+def test_while_drafting_pays_a_step_may_verify_nothing_until_a_probe_is_due():
+    """Drafting pays, but a step's nodes do not: that step verifies none (its own choice, the plain
+    step), and only after PROBE_EVERY such steps in a row does one verify its likeliest node."""
+    policy = BudgetPolicy(CostCurve.synthetic(lambda rows: 0.01 + 0.004 * rows))
+    drafting_costs(policy, 0.0)
+    for _ in range(GAIN_EVIDENCE):
+        plan = policy.plan(1, 10)
+        assert policy.choose([confident_chain(4, 0.99)], 10, [4], plan)[0].n > 0
+    assert policy.drafting
+    kept = []
+    for _ in range(PROBE_EVERY + 2):
+        policy.gain = 100.0  # drafting pays over the run: these few steps do not move that
+        plan = policy.plan(1, 10)
+        assert plan.rows == "all"
+        kept.append(policy.choose([confident_chain(4, 0.01)], 10, [4], plan)[0].n)
+    assert kept == [0] * PROBE_EVERY + [1, 0]
 
 
 def test_a_cheap_drafter_always_proposes():

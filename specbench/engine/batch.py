@@ -36,6 +36,12 @@ from specbench.models import GrowingLayer, LoadedModel
 
 #: the id fed at padded positions (never seen by a real row: the mask hides it)
 PAD_ID = 0
+#: prompts admitted together are prefilled in groups of similar length (`prefill_groups`): padding adds at
+#: most PREFILL_SLACK of a group's real positions, and a forward scores at most PREFILL_POSITIONS positions
+#: (one longer prompt alone). Padded all at once, 16 of the official summarization prompts on SmolLM2 scored
+#: 1.85 positions per real one, and the prefill was 63% of the 16-row baseline's wall time
+PREFILL_SLACK = 0.25
+PREFILL_POSITIONS = 8192
 
 
 @torch.inference_mode()
@@ -57,6 +63,26 @@ class Batch:
     rows: list[Prefilled]
     cache: Any
     lengths: list[int]
+
+
+def prefill_groups(lengths: list[int], slack: float = PREFILL_SLACK,
+                   positions: int = PREFILL_POSITIONS) -> list[list[int]]:
+    """The prompts of `lengths` (their indices) in prefill groups, shortest group first, each group in
+    index order: taken longest first, a prompt joins the group being built while the group's padded
+    positions (its size times its longest prompt) stay within `1 + slack` times its real ones and within
+    `positions`."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if group:
+            padded, real = (len(group) + 1) * lengths[group[0]], sum(lengths[j] for j in group) + lengths[i]
+            if padded > (1 + slack) * real or padded > positions:
+                groups.append(group)
+                group = []
+        group.append(i)
+    if group:
+        groups.append(group)
+    return [sorted(g) for g in reversed(groups)]
 
 
 @torch.inference_mode()
@@ -251,6 +277,12 @@ class BatchDecoder:
                 return
 
     def admit(self, fresh: list[Request], requests: Requests) -> None:
+        """Prefill the new prompts in groups of similar length (`prefill_groups`), each group joining
+        as it is prefilled."""
+        for group in prefill_groups([int(r.input_ids.shape[1]) for r in fresh]):
+            self.join([fresh[i] for i in group], requests)
+
+    def join(self, fresh: list[Request], requests: Requests) -> None:
         """Prefill the new prompts together; rows that are not done at their first token take the
         free slots (finished rows' places in the cache) first, the rest join the batch."""
         with self.timer.section("prefill"):
