@@ -1,12 +1,17 @@
 """The verification-cost curve of a model: one forward's time against the rows it verifies at once.
 
     python scripts/cost_curve.py --model smollm2:target --dtypes float32,bfloat16 --out results/real/cost-curve
+    python scripts/cost_curve.py --dtypes float32 --batch 8 --context 512 --rows 1,2,4 --unmasked
 
 For each dtype, a cache of `--context` random tokens is filled, then a forward over 1, 2, 4, ...
 64 new rows is timed and cropped back, every (dtype, rows) pair once per pass, in turn, so a
 drift of the machine's speed hits all alike; the table gives the median of `--repeats` passes
 (the first pass warms up) and each row count's cost as a multiple of one row, the number that
 decides whether a tree of k nodes is worth verifying. Writes `<out>.md` and `<out>.json`.
+
+`--batch B`: B batch rows at once, each forward with the 4D mask and positions a batched step passes
+(`specbench.engine.budget.curve_inputs`, what the budget's curves are timed with); `--unmasked` times the
+same forwards without them too, in turn (a masked and an unmasked step can take different attention paths).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import specbench.kit  # noqa: F401 - registers the kits' resolvers
     import specbench.zoo  # noqa: F401 - registers `zoo:`
     from specbench.core.hardware import device_name
+    from specbench.engine.budget import curve_inputs
     from specbench.models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,39 +40,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=256, help="cached positions before the timed forward")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1, help="batch rows of every forward (> 1: the batch's mask)")
+    parser.add_argument("--unmasked", action="store_true", help="with --batch: time each forward without the mask too")
     parser.add_argument("--out", default=None, help="write <out>.md and <out>.json")
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
     dtypes = [d.strip() for d in opts.dtypes.split(",") if d.strip()]
     rows = [int(r) for r in opts.rows.split(",")]
+    if opts.batch < 1 or (opts.unmasked and opts.batch == 1):
+        parser.error("--batch must be >= 1, and --unmasked needs --batch above 1 (one row passes no mask)")
     cpu = torch.device("cpu")
+    kinds = [d if opts.batch == 1 else f"{d} masked" for d in dtypes] + (
+        [f"{d} unmasked" for d in dtypes] if opts.unmasked else [])
     models = {d: load_model(opts.model, device=cpu, dtype=getattr(torch, d)) for d in dtypes}
     vocab = int(next(iter(models.values())).model.config.vocab_size)
     gen = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab, (1, opts.context), generator=gen)
-    blocks = {n: torch.randint(0, vocab, (1, n), generator=gen) for n in rows}
+    context = torch.randint(0, vocab, (opts.batch, opts.context), generator=gen)
+    blocks = {n: torch.randint(0, vocab, (opts.batch, n), generator=gen) for n in rows}
     caches = {}
     with torch.inference_mode():
         for d, m in models.items():
             caches[d] = m.new_cache()
             m.model(input_ids=context, cache=caches[d], use_cache=True, logits_to_keep=1)
-        seen: dict[tuple[str, int], list[float]] = {(d, n): [] for d in dtypes for n in rows}
+        extras = {(k, n): curve_inputs(opts.batch, n, opts.context, cpu, models[k.split()[0]].dtype)
+                  if not k.endswith("unmasked") else {} for k in kinds for n in rows}
+        seen: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kinds for n in rows}
         for i in range(opts.repeats + 1):
-            for d in dtypes:
+            for k in kinds:
+                d = k.split()[0]
                 for n in rows:
                     t = time.perf_counter()
-                    models[d].model(input_ids=blocks[n], cache=caches[d], use_cache=True)
+                    models[d].model(input_ids=blocks[n], cache=caches[d], use_cache=True, **extras[(k, n)])
                     if i:
-                        seen[(d, n)].append(time.perf_counter() - t)
+                        seen[(k, n)].append(time.perf_counter() - t)
                     caches[d].crop(-n)
-    ms = {d: {n: 1000 * statistics.median(seen[(d, n)]) for n in rows} for d in dtypes}
-    head = "| rows verified | " + " | ".join(f"{d} ms | {d} x one row" for d in dtypes) + " |"
+    ms = {k: {n: 1000 * statistics.median(seen[(k, n)]) for n in rows} for k in kinds}
+    head = "| rows verified | " + " | ".join(f"{k} ms | {k} x one row" for k in kinds) + " |"
+    flags = f" --batch {opts.batch}" + (" --unmasked" if opts.unmasked else "") if opts.batch > 1 else ""
     lines = [f"Verification cost of `{opts.model}` on {device_name(cpu)}, {opts.threads} threads, "
-             f"{opts.context} cached positions, median of {opts.repeats} passes "
-             f"(`python scripts/cost_curve.py --model {opts.model} --dtypes {opts.dtypes}`)", "",
-             head, "|" + "---|" * (1 + 2 * len(dtypes))]
+             f"{opts.batch} batch row{'s' if opts.batch > 1 else ''} over {opts.context} cached positions each, "
+             f"median of {opts.repeats} passes (`python scripts/cost_curve.py --model {opts.model} --dtypes "
+             f"{opts.dtypes} --context {opts.context} --rows {opts.rows}{flags}`)", "",
+             head, "|" + "---|" * (1 + 2 * len(kinds))]
     for n in rows:
-        cells = " | ".join(f"{ms[d][n]:.1f} | {ms[d][n] / ms[d][rows[0]]:.2f}x" for d in dtypes)
+        cells = " | ".join(f"{ms[k][n]:.1f} | {ms[k][n] / ms[k][rows[0]]:.2f}x" for k in kinds)
         lines.append(f"| {n} | {cells} |")
     text = "\n".join(lines)
     print(text)
@@ -76,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".md").write_text(text + "\n")
         out.with_suffix(".json").write_text(json.dumps(
             {"model": opts.model, "device": device_name(cpu), "threads": opts.threads, "context": opts.context,
-             "repeats": opts.repeats, "ms": {d: {str(n): round(v, 3) for n, v in ms[d].items()} for d in dtypes}},
+             "batch": opts.batch, "repeats": opts.repeats,
+             "ms": {k: {str(n): round(v, 3) for n, v in ms[k].items()} for k in kinds}},
             indent=2) + "\n")
     return 0
 

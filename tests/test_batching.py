@@ -39,6 +39,7 @@ from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer
 from specbench.engine import SpeculativeMethod
 from specbench.engine.api import Prefilled, Request, RequestList
+from specbench.engine.batch import PREFILL_POSITIONS, PREFILL_SLACK, prefill_groups
 from specbench.methods.drafts import SpsDrafter
 from specbench.models import GrowingLayer, LoadedModel, load_model
 from specbench.run.registry import build_method
@@ -283,3 +284,43 @@ def test_the_batch_sweep_preset_lists_the_sizes():
     from specbench.core.resources import CONFIG_DIR
 
     assert "batch_size: 1,2,4,8,16" in (CONFIG_DIR / "sweep" / "batch.yaml").read_text()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_prefill_groups_bound_padding_and_positions(seed):
+    """Every prompt in one group; a group of several pads within PREFILL_SLACK of its real positions and
+    fits PREFILL_POSITIONS; groups come shortest first, each in index order."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 3000, (40,), generator=gen).tolist() + [9000, 3, 3]
+    groups = prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert g == sorted(g)
+        longest = max(lengths[i] for i in g)
+        if len(g) > 1:
+            assert len(g) * longest <= (1 + PREFILL_SLACK) * sum(lengths[i] for i in g)
+            assert len(g) * longest <= PREFILL_POSITIONS
+    tops = [max(lengths[i] for i in g) for g in groups]
+    assert tops == sorted(tops) and len(groups) > 1
+
+
+def test_admitted_prompts_are_prefilled_in_groups_of_like_length(targets, monkeypatch):
+    """Prompts of very different lengths admitted at once are not padded to the longest in one forward:
+    each prefill forward pads within PREFILL_SLACK (or holds one prompt), and the answers stay the
+    one-at-a-time ones."""
+    import specbench.engine.batch as batch_module
+
+    calls = []
+    real_prefill = batch_module.prefill_batch
+
+    def recording(target, prompts, *args, **kwargs):
+        calls.append([int(p.shape[1]) for p in prompts])
+        return real_prefill(target, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "prefill_batch", recording)
+    target = targets["llama"]
+    check_rows(build_method(method_cfg("baseline"), target, EMPTY), target, 18, lengths=(9,))
+    assert sorted(n for call in calls for n in call) == sorted(int(prompt_of(target, t).shape[1]) for t in MORE_PROMPTS)
+    assert len(calls) > 1
+    for call in calls:
+        assert len(call) == 1 or len(call) * max(call) <= (1 + PREFILL_SLACK) * sum(call)
