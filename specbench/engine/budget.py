@@ -27,7 +27,8 @@ Three parts, all outside the verifier, so what is emitted never changes:
   per live row count, from the step's own clock); once GAIN_EVIDENCE drafted steps are behind it and
   while it is below 1, drafters that cost more than `CHEAP` of a plain step do not draft, except one
   row per probe, probes spaced ever further apart (up to `PROBE_MAX` steps): speculation that does
-  not pay on this device at this batch size costs almost nothing.
+  not pay on this device at this batch size costs almost nothing. While it pays, a step whose nodes
+  do not pay verifies none, and a probe comes only after `PROBE_EVERY` such steps in a row.
 
 Lossless under sampling: with draft probabilities (sampled drafts) only position-based rates are
 used, never a drawn token's own confidence, so which nodes are kept does not depend on the drawn
@@ -319,9 +320,9 @@ class OnlineFit:
 #: the longest run of steps without drafting where drafting does not pay: then one row probes
 PROBE_MAX = 128
 #: while drafting pays, a step whose nodes do not pay verifies none; after PROBE_EVERY such steps in a row the
-#: next one verifies its likeliest node (what is never verified is never learnt). Every step a probe, as before,
-#: SuffixDecoding at 16 rows on SmolLM2 paid a 2-wide step (1.32 plain steps) on 25 of 242 steps where its
-#: own choice was the plain step
+#: next one verifies its likeliest node (what is never verified is never learnt). With a probe every step (until
+#: e88e729), SuffixDecoding on SmolLM2 at 12-16 live rows paid a 2-wide step (1.32 plain steps) on 25 of 242
+#: drafted steps where its own choice was the plain step
 PROBE_EVERY = 4
 #: a drafter whose expected seconds per row are below this share of a plain step's per row always
 #: proposes (the width chosen decides what is verified: none where nothing pays); a dearer one stops
