@@ -10,6 +10,7 @@ report: a table per batch size, the batch-size table and figure, the audit again
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -33,6 +34,7 @@ from helpers import (
     tiny_vocab_model,
     write_questions,
 )
+from specbench.analysis.runs import Run
 from specbench.core.answers import EXTRA_KEY, read_answers
 from specbench.core.sampling import SamplingParams, probs_from_logits
 from specbench.core.stopping import StopCriteria
@@ -324,3 +326,38 @@ def test_admitted_prompts_are_prefilled_in_groups_of_like_length(targets, monkey
     assert len(calls) > 1
     for call in calls:
         assert len(call) == 1 or len(call) * max(call) <= (1 + PREFILL_SLACK) * sum(call)
+
+
+def _batched_run(method: str, ratios: list[float], size: int = 15) -> Run:
+    """A run of len(ratios) batches of `size` questions; batch k's tokens/s is ratios[k] x 100 (every
+    answer of a batch its share of the batch's clock)."""
+    records = []
+    for k, ratio in enumerate(ratios):
+        for j in range(size):
+            qid = k * size + j
+            records.append({"question_id": qid, "category": "qa",
+                            "choices": [{"new_tokens": [10 + j], "wall_time": [(10 + j) / (100 * ratio)],
+                                         "accept_lengths": [1] * (9 + j)}],
+                            EXTRA_KEY: {"batch": [{"id": k * size, "size": size}]}})
+    return Run("d", "m", method, 0.0, 1, records, batch=size)
+
+
+def test_a_batchs_answers_are_one_measurement_in_the_speedup_intervals():
+    """Questions decoded in one batch share its clock: the intervals resample batches whole. Four batches
+    timed at 0.8-1.2x the baseline's (every answer of a batch alike) leave the interval wide, where
+    sixty questions taken as sixty measurements would make it narrow."""
+    from specbench.analysis.batching import throughput_ci
+    from specbench.analysis.frame import bootstrap_ratio_ci, speedups, tidy
+
+    ratios = [0.8, 1.05, 0.95, 1.2]
+    base, ours = _batched_run("baseline", [1.0] * 4), _batched_run("pld", ratios)
+    overall = speedups(tidy([base, ours])).loc[("pld", "overall")]
+    assert overall["ci_low"] < 0.9 and overall["ci_high"] > 1.1, overall
+    per_question = bootstrap_ratio_ci(np.repeat([80.0, 105.0, 95.0, 120.0], 15), np.full(60, 100.0))
+    assert per_question[0] > 0.95 and per_question[1] < 1.05  # the same numbers as 60 units: too sure
+    low, high = throughput_ci([ours], [base])
+    assert low < 0.9 and high > 1.1
+    one = _batched_run("pld", [1.0] * 4, size=1)  # batches of one: each question its own unit, as before
+    assert bootstrap_ratio_ci(np.arange(1.0, 9.0), np.full(8, 4.0), clusters=np.arange(8)) == \
+        bootstrap_ratio_ci(np.arange(1.0, 9.0), np.full(8, 4.0))
+    assert throughput_ci([one], [_batched_run("baseline", [1.0] * 4, size=1)]) == (1.0, 1.0)

@@ -4,7 +4,10 @@ Definitions (per method and batch size B, over every answer of its runs):
 - throughput = all new tokens / all wall time. A batched answer's wall_time is its share of its
   batch's time (in proportion to its tokens, see run.local.LocalBackend.answer_batch), so the sum over
   answers is the time of the batches: this is tokens per second of the whole batch;
-- speedup at B = the method's throughput / the baseline's throughput at the same B;
+- speedup at B = the method's throughput / the baseline's throughput at the same B; its 95% interval
+  a paired bootstrap over timing units: the baseline's batches (a batch's answers share one clock, so
+  the batch is one measurement), each run's apart, the method's answers to a batch's questions against
+  the baseline's (at B = 1 each question is a unit);
 - latency of a question = the time from its admission into a row of the batch (its prefill)
   until its row stopped (`extra.batch` `latency`; time waiting in the queue before is not in it),
   summed over its turns; at B = 1 simply its wall time;
@@ -28,6 +31,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from specbench.analysis.frame import BOOTSTRAP_SAMPLES
 from specbench.analysis.runs import BASELINE, Group, Run, method_memory
 from specbench.core.answers import EXTRA_KEY
 
@@ -47,6 +53,8 @@ class BatchPoint:
     peak_bytes: int | None
     ttft: tuple[float, float, float] | None = None  # p50, p90, p99 (s)
     tpot: tuple[float, float, float] | None = None  # p50, p90, p99 (s per token)
+    ci_low: float = math.nan  # the speedup's 95% paired bootstrap interval over timing units
+    ci_high: float = math.nan
 
 
 def percentiles(values: list[float], at: tuple[float, ...] = (0.5, 0.9, 0.99)) -> tuple[float, ...] | None:
@@ -97,6 +105,47 @@ def _point(method: str, batch: int, runs: list[Run]) -> BatchPoint:
     )
 
 
+def _unit(record: dict[str, Any]) -> Any:
+    """What timed a record's first turn: its batch's id (a batch of several), else the question alone."""
+    batches = (record.get(EXTRA_KEY) or {}).get("batch") or []
+    first = batches[0] if batches and isinstance(batches[0], dict) else {}
+    if first.get("size", 1) > 1 and first.get("id") is not None:
+        return ("batch", first["id"])
+    return ("question", record["question_id"])
+
+
+def _sums(record: dict[str, Any]) -> tuple[float, float]:
+    choice = record["choices"][0]
+    return float(sum(choice["new_tokens"])), float(sum(choice["wall_time"]))
+
+
+def throughput_ci(runs: list[Run], base_runs: list[Run], seed: int = 0) -> tuple[float, float]:
+    """95% paired bootstrap interval of (the method's tokens / seconds) / (the baseline's) over timing
+    units: each (run, baseline batch) resampled whole, the method's answers to its questions (run r
+    against the baseline's run r, else its first) against the baseline's answers to the same ones."""
+    base = {run.run: {r["question_id"]: r for r in run.records} for run in base_runs if run.records}
+    if not base:
+        return math.nan, math.nan
+    units: dict[tuple[int, Any], np.ndarray] = {}
+    for run in runs:
+        partner = run.run if run.run in base else min(base)
+        for record in run.records:
+            theirs = base[partner].get(record["question_id"])
+            if theirs is None:
+                continue
+            sums = units.setdefault((partner, _unit(theirs)), np.zeros(4))
+            sums += (*_sums(record), *_sums(theirs))
+    if len(units) < 2:
+        return math.nan, math.nan
+    table = np.array(list(units.values()))  # tokens, seconds (the method's), tokens, seconds (the baseline's)
+    idx = np.random.default_rng(seed).integers(0, len(table), size=(BOOTSTRAP_SAMPLES, len(table)))
+    drawn = table[idx].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (drawn[:, 0] / drawn[:, 1]) / (drawn[:, 2] / drawn[:, 3])
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def crossovers(points: list[BatchPoint]) -> dict[str, int]:
     """Per method: the smallest batch size where it falls below the baseline after being above it."""
     out: dict[str, int] = {}
@@ -133,6 +182,9 @@ def batch_points(groups: list[Group]) -> dict[tuple[str, str, float], list[Batch
             base = here.get(BASELINE)
             for point in here.values():
                 point.speedup = point.throughput / base.throughput if base and base.throughput else None
+                if base is not None and point.method != BASELINE:
+                    point.ci_low, point.ci_high = throughput_ci(group.methods[point.method],
+                                                                group.methods[BASELINE])
             points += here.values()
         out[key] = sorted(points, key=lambda p: (p.method != BASELINE, p.method, p.batch))
     return out

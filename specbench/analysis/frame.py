@@ -4,7 +4,9 @@ Upstream Spec-Bench definitions (speed.py), kept as the default so numbers are c
 - tokens/s of a question = sum(new_tokens) / sum(wall_time) over its turns;
 - a method's speedup on a subtask = mean of its per-question tokens/s / mean of the baseline's
   over the same questions, the baseline run paired by run number (else the baseline's first
-  run); mean over runs, ± sample std (ddof=1), 95% paired bootstrap interval over questions;
+  run); mean over runs, ± sample std (ddof=1), 95% paired bootstrap interval over questions
+  (over the baseline's batches where it answered in batches: a batch's answers share one clock,
+  so their times rise and fall together and are resampled whole);
 - #mean accepted tokens = mean over all decoding steps of accept_lengths, the target's own bonus
   token counted in every step (Spec-Bench's convention: accepted draft tokens + 1 per step; 1.00
   for autoregressive decoding); a ratio of sums: all tokens emitted in decoding / all steps.
@@ -32,6 +34,9 @@ from specbench.core.record import TurnStats, turn_stats
 
 KEYS = ["dataset", "model", "temperature", "method", "run", "question_id", "category", "subtask", "turn"]
 MEASURES = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "drafted", "draft_accepted", "prefill_time"]
+#: the timing unit of a turn: its batch's id within the run where it was decoded in a batch (extra `batch`),
+#: else nan (a question timed on its own)
+SEQUENCE = "sequence"
 SECTION = "section_"  # prefix of the per-section time columns (section_draft, section_verify, ...)
 OVERALL = "overall"
 ORDER = [*SUBTASKS, OVERALL]
@@ -41,7 +46,7 @@ BOOTSTRAP_SAMPLES = 1000
 
 
 def tidy(runs: Iterable[Run], *, upstream_tokenizer: Any = None) -> pd.DataFrame:
-    """One row per question x turn x method x run (columns KEYS, MEASURES, then sections).
+    """One row per question x turn x method x run (columns KEYS, MEASURES, SEQUENCE, then sections).
 
     `ref_tokens` is what counts when the row serves as the baseline's reference: its new tokens,
     or with `upstream_tokenizer` the baseline's text re-tokenised as upstream speed.py counts it
@@ -49,13 +54,14 @@ def tidy(runs: Iterable[Run], *, upstream_tokenizer: Any = None) -> pd.DataFrame
     rows = [row for run in runs for record in run.records
             for row in _turn_rows(run, record, upstream_tokenizer if run.method == BASELINE else None)]
     sections = sorted({k for row in rows for k in row if k.startswith(SECTION)})
-    return pd.DataFrame(rows, columns=[*KEYS, *MEASURES, *sections])
+    return pd.DataFrame(rows, columns=[*KEYS, *MEASURES, SEQUENCE, *sections])
 
 
 def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dict[str, Any]]:
     choice = record["choices"][0]
     extra = record.get(EXTRA_KEY) or {}
     prefill, sections = extra.get("prefill_time") or [], extra.get("sections") or []
+    batches = extra.get("batch") or []
     stats = turn_stats(record)
     accepts = _accepts_by_turn(choice)
     if tokenizer is not None and "turns" not in choice:
@@ -69,6 +75,7 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
             "ref_tokens": tokens if tokenizer is None else len(tokenizer(choice["turns"][turn]).input_ids) - 1,
             "wall_time": seconds, "steps": len(accepts[turn]), "accepted": sum(accepts[turn]),
             "prefill_time": _float(prefill[turn] if turn < len(prefill) else None),
+            SEQUENCE: _sequence(batches[turn] if turn < len(batches) else None),
             **_draft_counts(stats[turn] if turn < len(stats) else None),
         }
         row.update({SECTION + k: v for k, v in ((sections[turn] if turn < len(sections) else None) or {}).items()})
@@ -81,6 +88,13 @@ def _draft_counts(stats: TurnStats | None) -> dict[str, float]:
     if not isinstance(drafted, (int, float)) or not isinstance(accepted, (int, float)):
         return {"drafted": float("nan"), "draft_accepted": float("nan")}
     return {"drafted": float(drafted), "draft_accepted": float(accepted)}
+
+
+def _sequence(batch: Any) -> float:
+    """The id of the batch a turn was decoded in (nan: none recorded, or a batch of one)."""
+    if not isinstance(batch, dict) or batch.get("size", 1) <= 1 or batch.get("id") is None:
+        return float("nan")
+    return float(batch["id"])
 
 
 def _float(value: Any) -> float:
@@ -102,7 +116,7 @@ def per_question(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per method x run x question: its turns summed, and its tokens/s."""
     sums = ["new_tokens", "ref_tokens", "wall_time", "steps", "accepted", "drafted", "draft_accepted"]
     grouped = frame.groupby(["method", "run", "question_id"], sort=True)
-    out = grouped[sums].sum(min_count=1).join(grouped["subtask"].first()).reset_index()
+    out = grouped[sums].sum(min_count=1).join(grouped[["subtask", SEQUENCE]].first()).reset_index()
     out["tokens_per_s"] = out["new_tokens"] / out["wall_time"]
     out["ref_tokens_per_s"] = out["ref_tokens"] / out["wall_time"]
     return out
@@ -110,11 +124,13 @@ def per_question(frame: pd.DataFrame) -> pd.DataFrame:
 
 def pair_with_baseline(questions: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """`per_question` rows with `base_tokens_per_s`: the baseline's on the same question, from its
-    run of the same number (else its first run). Questions the baseline lacks are left out."""
-    base = questions.loc[questions["method"] == baseline, ["run", "question_id", "ref_tokens_per_s"]]
+    run of the same number (else its first run), and `base_sequence`: the baseline's batch there.
+    Questions the baseline lacks are left out."""
+    base = questions.loc[questions["method"] == baseline, ["run", "question_id", "ref_tokens_per_s", SEQUENCE]]
     runs = sorted(base["run"].unique())
     partner = questions["run"].where(questions["run"].isin(runs), runs[0] if runs else -1)
-    base = base.rename(columns={"run": "base_run", "ref_tokens_per_s": "base_tokens_per_s"})
+    base = base.rename(columns={"run": "base_run", "ref_tokens_per_s": "base_tokens_per_s",
+                                SEQUENCE: "base_sequence"})
     return questions.assign(base_run=partner).merge(base, on=["base_run", "question_id"], how="inner")
 
 
@@ -135,16 +151,29 @@ def sample_std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else 0.0
 
 
-def bootstrap_ratio_ci(ours: np.ndarray, base: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95% paired bootstrap interval over questions of mean(ours) / mean(base)."""
+def bootstrap_ratio_ci(ours: np.ndarray, base: np.ndarray, seed: int = 0,
+                       clusters: np.ndarray | None = None) -> tuple[float, float]:
+    """95% paired bootstrap interval of sum(ours) / sum(base) (the ratio of their means) over questions,
+    or over `clusters` (a label per question) resampled whole: the questions of one batch share its
+    clock, so their times are one measurement, not several. Below two units: no interval (nan)."""
+    if clusters is not None:
+        labels, units = np.unique(np.asarray(clusters), return_inverse=True)
+        ours = np.bincount(units, weights=ours, minlength=len(labels))
+        base = np.bincount(units, weights=base, minlength=len(labels))
     if len(ours) < 2:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(ours), size=(BOOTSTRAP_SAMPLES, len(ours)))
     with np.errstate(divide="ignore", invalid="ignore"):  # a baseline without tokens gives no ratio (nan)
-        ratios = ours[idx].mean(axis=1) / base[idx].mean(axis=1)
+        ratios = ours[idx].sum(axis=1) / base[idx].sum(axis=1)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(low), float(high)
+
+
+def timing_units(batches: Any, questions: Any) -> np.ndarray:
+    """A label per question of what was timed as one: its batch (`batches`: the batch ids, nan where
+    none) where it had one, else the question alone."""
+    return np.array([f"b{b:g}" if b == b else f"q{q}" for b, q in zip(batches, questions, strict=True)])
 
 
 def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
@@ -163,8 +192,11 @@ def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     runs = per_run.groupby(level=keys)
     out = pd.DataFrame({"speedup": runs["speedup"].mean(), "speedup_std": runs["speedup"].agg(sample_std),
                         "baseline_tokens_per_s": runs["base"].mean(), "runs": runs.size()})
-    per_q = pairs.groupby([*keys, "question_id"]).agg(ours=("tokens_per_s", "mean"), base=("base_tokens_per_s", "mean"))
-    ci = {key: bootstrap_ratio_ci(g["ours"].to_numpy(), g["base"].to_numpy()) for key, g in per_q.groupby(level=keys)}
+    per_q = pairs.groupby([*keys, "question_id"]).agg(ours=("tokens_per_s", "mean"), base=("base_tokens_per_s", "mean"),
+                                                      unit=("base_sequence", "first"))
+    ci = {key: bootstrap_ratio_ci(g["ours"].to_numpy(), g["base"].to_numpy(),
+                                  clusters=timing_units(g["unit"], g.index.get_level_values("question_id")))
+          for key, g in per_q.groupby(level=keys)}
     out["ci_low"] = pd.Series({k: v[0] for k, v in ci.items()})
     out["ci_high"] = pd.Series({k: v[1] for k, v in ci.items()})
     out["questions"] = per_q.groupby(level=keys).size()

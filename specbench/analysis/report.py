@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from specbench.analysis import audit
-from specbench.analysis.frame import bootstrap_ratio_ci, per_question, speedups, tidy
+from specbench.analysis.frame import SEQUENCE, bootstrap_ratio_ci, per_question, speedups, tidy, timing_units
 from specbench.analysis.runs import (
     BASELINE,
     Group,
@@ -156,7 +156,7 @@ def analyse(group: Group, *, tie_margin: float = 0.05, upstream_tokenizer: Any =
 class BudgetPair:
     """A method run with both draft budgets in one group: `auto` (X) and `fixed` (X-fixed), and
     auto's tokens/s over fixed's on the questions both answered (mean per-question tokens/s, runs
-    averaged), with its 95% paired bootstrap interval over those questions."""
+    averaged), with its 95% paired bootstrap interval over those questions (a batch's resampled whole)."""
 
     auto: MethodResult
     fixed: MethodResult
@@ -177,14 +177,17 @@ def budget_pairs(group: Group) -> list[BudgetPair]:
     by_name = {r.method: r for r in group.results}
     if group.frame is None:
         return []
-    tps = per_question(group.frame).groupby(["method", "question_id"])["tokens_per_s"].mean()
+    by_question = per_question(group.frame).groupby(["method", "question_id"])
+    tps, unit = by_question["tokens_per_s"].mean(), by_question[SEQUENCE].first()
     pairs = []
     for r in group.results:
         if (fixed := by_name.get(r.method + FIXED)) is None:
             continue
-        both = pd.concat([tps.loc[r.method], tps.loc[fixed.method]], axis=1, join="inner").to_numpy()
-        ratio = float(both[:, 0].mean() / both[:, 1].mean()) if len(both) else math.nan
-        low, high = bootstrap_ratio_ci(both[:, 0], both[:, 1])
+        both = pd.concat([tps.loc[r.method], tps.loc[fixed.method], unit.loc[r.method]], axis=1, join="inner")
+        values = both.iloc[:, :2].to_numpy()
+        ratio = float(values[:, 0].mean() / values[:, 1].mean()) if len(values) else math.nan
+        units = timing_units(both.iloc[:, 2], both.index)  # a batch's answers: one unit
+        low, high = bootstrap_ratio_ci(values[:, 0], values[:, 1], clusters=units)
         pairs.append(BudgetPair(r, fixed, ratio, low, high))
     return pairs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from pathlib import Path
 
 import matplotlib
@@ -136,7 +137,8 @@ def log2_axes(axes: tuple, ticks: list[int], label: str) -> None:
 
 def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]:
     """Left: speedup at each batch size (method throughput / baseline throughput at the same size),
-    one line per method, a preset dashed beside its adaptive twin, each crossover circled; middle:
+    one line per method with its 95% interval as a band, a preset dashed beside its adaptive twin, each
+    crossover circled; middle:
     throughput against batch size, the baseline included; right: median time per output token."""
     series: dict[str, list[BatchPoint]] = {}
     for p in points:
@@ -157,6 +159,9 @@ def batch_figure(points: list[BatchPoint], title: str, base: Path) -> list[Path]
             speed = [(p.batch, p.speedup) for p in pts if p.speedup is not None]
             if speed:
                 left.plot(*zip(*speed), label=method, **style)
+            band = [(p.batch, p.ci_low, p.ci_high) for p in pts if not math.isnan(p.ci_low)]
+            if len(band) > 1:
+                left.fill_between(*zip(*band), color=colour(method), alpha=0.08)
             if method in crossed:
                 at = next(p for p in pts if p.batch == crossed[method])
                 left.plot([at.batch], [at.speedup], marker="o", markersize=13, markerfacecolor="none",

@@ -22,7 +22,8 @@ from specbench.core.table import markdown
 DEFINITIONS = (
     "Speedup: mean per-question tokens/s of the method divided by the baseline's on the same questions "
     "(upstream Spec-Bench definition), mean over runs; ± is the std over runs, [lo, hi] the 95% bootstrap "
-    "interval over questions. #Mean accepted tokens: tokens emitted per decoding step (one target forward), "
+    "interval over questions (answers decoded in one batch resampled together: they share its clock). "
+    "#Mean accepted tokens: tokens emitted per decoding step (one target forward), "
     "the target's own bonus token counted in every step, as Spec-Bench (its accept_lengths are accepted draft "
     "tokens + 1 per step; 1.00 for autoregressive decoding): all tokens emitted in decoding / all steps. It is "
     "what vLLM calls mean acceptance length (1 + accepted / drafts) and SGLang accept length. Acceptance rate "
@@ -395,7 +396,10 @@ STREAM_NOTE = (
 
 BATCH_NOTE = (
     "Throughput: all generated tokens / all wall time of the method's batches (tokens per second of the whole "
-    "batch). Speedup: the method's throughput / the baseline's at the same batch size. Latency: from a "
+    "batch). Speedup: the method's throughput / the baseline's at the same batch size; 95% CI: its paired "
+    "bootstrap interval over timing units, each of the baseline's batches (per run) resampled whole with the "
+    "method's answers to the same questions (a batch's answers share one clock: one measurement, not one per "
+    "question; at batch size 1 each question is a unit). Latency: from a "
     "question's admission into a row of the batch (its prefill) until its row stopped, summed over its turns "
     "(batch size 1: its wall time; waiting in the queue is not counted); mean and 90th percentile over questions. "
     "#Mean accepted: tokens emitted per target step of a row. Peak memory: the "
@@ -428,10 +432,12 @@ def batch_stem(key: tuple[str, str, float]) -> str:
 
 
 def batch_table(points: list[BatchPoint]) -> tuple[list[str], list[list[str]]]:
-    headers = ["Method", "Batch size", "#Q", "Throughput tok/s", "Speedup", "Mean latency s", "p90 latency s",
-               "TTFT s p50 / p90 / p99", "TPOT ms p50 / p90 / p99", "#Mean accepted", "Peak memory"]
+    headers = ["Method", "Batch size", "#Q", "Throughput tok/s", "Speedup", "95% CI", "Mean latency s",
+               "p90 latency s", "TTFT s p50 / p90 / p99", "TPOT ms p50 / p90 / p99", "#Mean accepted", "Peak memory"]
     rows = [[p.method, str(p.batch), str(p.questions), f"{p.throughput:.1f}",
-             "-" if p.speedup is None else f"{p.speedup:.2f}x", f"{p.latency:.2f}", f"{p.latency_p90:.2f}",
+             "-" if p.speedup is None else f"{p.speedup:.2f}x",
+             "-" if math.isnan(p.ci_low) else f"[{p.ci_low:.2f}, {p.ci_high:.2f}]", f"{p.latency:.2f}",
+             f"{p.latency_p90:.2f}",
              _triple(p.ttft), _triple(p.tpot, 1e3, 1), f"{p.mean_accepted:.2f}", _bytes(p.peak_bytes)]
             for p in points]
     return headers, rows
