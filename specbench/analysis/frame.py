@@ -156,8 +156,8 @@ def bootstrap_ratio_ci(ours: np.ndarray, base: np.ndarray, seed: int = 0,
     """95% paired bootstrap interval of sum(ours) / sum(base) (the ratio of their means) over questions,
     or over `clusters` (a label per question) resampled whole: the questions of one batch share its
     clock, so their times are one measurement, not several. Below two units: no interval (nan)."""
-    if clusters is not None:
-        labels, units = np.unique(np.asarray(clusters), return_inverse=True)
+    if clusters is not None:  # units in order of first appearance: one question a unit draws as without
+        units, labels = pd.factorize(np.asarray(clusters))
         ours = np.bincount(units, weights=ours, minlength=len(labels))
         base = np.bincount(units, weights=base, minlength=len(labels))
     if len(ours) < 2:
