@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from specbench.analysis.frame import BOOTSTRAP_SAMPLES
+from specbench.analysis.frame import batch_id, bootstrap_sums, timing_unit
 from specbench.analysis.runs import BASELINE, Group, Run, method_memory
 from specbench.core.answers import EXTRA_KEY
 
@@ -105,13 +105,10 @@ def _point(method: str, batch: int, runs: list[Run]) -> BatchPoint:
     )
 
 
-def _unit(record: dict[str, Any]) -> Any:
-    """What timed a record's first turn: its batch's id (a batch of several), else the question alone."""
+def _unit(record: dict[str, Any]) -> str:
+    """What timed a record's first turn: its batch (a batch of several), else the question alone."""
     batches = (record.get(EXTRA_KEY) or {}).get("batch") or []
-    first = batches[0] if batches and isinstance(batches[0], dict) else {}
-    if first.get("size", 1) > 1 and first.get("id") is not None:
-        return ("batch", first["id"])
-    return ("question", record["question_id"])
+    return timing_unit(batch_id(batches[0] if batches else None), record["question_id"])
 
 
 def _sums(record: dict[str, Any]) -> tuple[float, float]:
@@ -126,7 +123,7 @@ def throughput_ci(runs: list[Run], base_runs: list[Run], seed: int = 0) -> tuple
     base = {run.run: {r["question_id"]: r for r in run.records} for run in base_runs if run.records}
     if not base:
         return math.nan, math.nan
-    units: dict[tuple[int, Any], np.ndarray] = {}
+    units: dict[tuple[int, str], np.ndarray] = {}
     for run in runs:
         partner = run.run if run.run in base else min(base)
         for record in run.records:
@@ -135,15 +132,8 @@ def throughput_ci(runs: list[Run], base_runs: list[Run], seed: int = 0) -> tuple
                 continue
             sums = units.setdefault((partner, _unit(theirs)), np.zeros(4))
             sums += (*_sums(record), *_sums(theirs))
-    if len(units) < 2:
-        return math.nan, math.nan
     table = np.array(list(units.values()))  # tokens, seconds (the method's), tokens, seconds (the baseline's)
-    idx = np.random.default_rng(seed).integers(0, len(table), size=(BOOTSTRAP_SAMPLES, len(table)))
-    drawn = table[idx].sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = (drawn[:, 0] / drawn[:, 1]) / (drawn[:, 2] / drawn[:, 3])
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(low), float(high)
+    return bootstrap_sums(table, lambda s: (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3]), seed)
 
 
 def crossovers(points: list[BatchPoint]) -> dict[str, int]:

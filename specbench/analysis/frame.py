@@ -20,7 +20,7 @@ for methods that record no draft stats (the baseline, most non-speculative metho
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -75,7 +75,7 @@ def _turn_rows(run: Run, record: dict[str, Any], tokenizer: Any) -> Iterator[dic
             "ref_tokens": tokens if tokenizer is None else len(tokenizer(choice["turns"][turn]).input_ids) - 1,
             "wall_time": seconds, "steps": len(accepts[turn]), "accepted": sum(accepts[turn]),
             "prefill_time": _float(prefill[turn] if turn < len(prefill) else None),
-            SEQUENCE: _sequence(batches[turn] if turn < len(batches) else None),
+            SEQUENCE: batch_id(batches[turn] if turn < len(batches) else None),
             **_draft_counts(stats[turn] if turn < len(stats) else None),
         }
         row.update({SECTION + k: v for k, v in ((sections[turn] if turn < len(sections) else None) or {}).items()})
@@ -90,8 +90,9 @@ def _draft_counts(stats: TurnStats | None) -> dict[str, float]:
     return {"drafted": float(drafted), "draft_accepted": float(accepted)}
 
 
-def _sequence(batch: Any) -> float:
-    """The id of the batch a turn was decoded in (nan: none recorded, or a batch of one)."""
+def batch_id(batch: Any) -> float:
+    """The id of the batch a turn was decoded in, from its `extra.batch` entry (nan: none recorded,
+    or a batch of one)."""
     if not isinstance(batch, dict) or batch.get("size", 1) <= 1 or batch.get("id") is None:
         return float("nan")
     return float(batch["id"])
@@ -160,20 +161,33 @@ def bootstrap_ratio_ci(ours: np.ndarray, base: np.ndarray, seed: int = 0,
         units, labels = pd.factorize(np.asarray(clusters))
         ours = np.bincount(units, weights=ours, minlength=len(labels))
         base = np.bincount(units, weights=base, minlength=len(labels))
-    if len(ours) < 2:
+    return bootstrap_sums(np.column_stack([ours, base]), lambda sums: sums[:, 0] / sums[:, 1], seed)
+
+
+def bootstrap_sums(table: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray],
+                   seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of `statistic` over the column sums of `table`'s rows (one row a unit),
+    the rows drawn with replacement BOOTSTRAP_SAMPLES times; `statistic` maps the (samples, columns)
+    sums to one value per sample. Below two units: no interval (nan)."""
+    if len(table) < 2:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(ours), size=(BOOTSTRAP_SAMPLES, len(ours)))
+    idx = np.random.default_rng(seed).integers(0, len(table), size=(BOOTSTRAP_SAMPLES, len(table)))
     with np.errstate(divide="ignore", invalid="ignore"):  # a baseline without tokens gives no ratio (nan)
-        ratios = ours[idx].sum(axis=1) / base[idx].sum(axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
+        values = statistic(table[idx].sum(axis=1))
+    low, high = np.percentile(values, [2.5, 97.5])
     return float(low), float(high)
+
+
+def timing_unit(batch: float, question: Any) -> str:
+    """What was timed as one: the batch (`batch`: its id, nan where none, see `batch_id`) where the
+    question had one, else the question alone."""
+    return f"b{batch:g}" if batch == batch else f"q{question}"
 
 
 def timing_units(batches: Any, questions: Any) -> np.ndarray:
     """A label per question of what was timed as one: its batch (`batches`: the batch ids, nan where
     none) where it had one, else the question alone."""
-    return np.array([f"b{b:g}" if b == b else f"q{q}" for b, q in zip(batches, questions, strict=True)])
+    return np.array([timing_unit(b, q) for b, q in zip(batches, questions, strict=True)])
 
 
 def speedups(frame: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
