@@ -62,14 +62,14 @@ SWEEP_ARGS ?= task=all limit=10
 # batch_queue=1: a timed sequence holds batch_size questions, so at every batch size the lanes take turns
 # batch by batch (paired); with the default queue of 4, at 16 one sequence held all 60 questions and the
 # 15 lanes ran one after another, unpaired on a machine that drifts 15-20% (docs/leaderboard.md).
-# BATCH_REPEAT_SIZES get BATCH_REPEATS runs in all (a second job adds runs 2.. to the first's answers): one run
-# holds 60 / B timed sequences a lane (4 at 16), and one sequence's speedup moves by 10-20% on this machine
-# (EAGLE-2 at 8, verifying almost nothing: 0.94 / 1.02 / 0.97x in three runs); each run is paired in itself.
+# BATCH_REPEATS (size:runs) gives the large batch sizes more runs (a job per size adds runs 2.. to the first's
+# answers): one run holds only 60 / B timed sequences a lane (8 at 8, 4 at 16), and one sequence's speedup moves
+# by 10-20% on this machine (EAGLE-2 at 8, verifying almost nothing: 0.94 / 1.02 / 0.97x in three runs), so each
+# cell gets about 20 timed sequences a lane (3 runs at 8: 24; 5 at 16: 20); each run is paired in itself.
 BATCH_ANSWERS ?= results/answers-batching
 BATCH_ARGS ?= task=all limit=10 batch_queue=1
 BATCH_BUDGET ?= both
-BATCH_REPEAT_SIZES ?= 8,16
-BATCH_REPEATS ?= 3
+BATCH_REPEATS ?= 8:3 16:5
 # `make leaderboard-budget`: every speculative method of the `leaderboard` suite with its draft budget on
 # (`method.budget=auto`, the default) and off (`fixed`, its preset; answers filed as <name>-fixed), all of
 # them and the baseline in one job, in turn question by question (`interleave=[...] budget=both`: a drift of
@@ -120,8 +120,10 @@ leaderboard-batch: install  ## the batch-size sweep of the leaderboard (speedup 
 	methods="$$($(PY) -m specbench methods --names --suite batch)" && \
 	$(PY) -m specbench -m run sweep=batch method=baseline interleave=[$$methods] budget=$(BATCH_BUDGET) $(BATCH_ARGS) \
 	    output_dir=$(BATCH_ANSWERS) && \
-	$(PY) -m specbench -m run batch_size=$(BATCH_REPEAT_SIZES) runs=$(BATCH_REPEATS) method=baseline \
-	    interleave=[$$methods] budget=$(BATCH_BUDGET) $(BATCH_ARGS) output_dir=$(BATCH_ANSWERS)
+	for repeat in $(BATCH_REPEATS); do \
+	    $(PY) -m specbench run batch_size=$${repeat%%:*} runs=$${repeat##*:} method=baseline \
+	        interleave=[$$methods] budget=$(BATCH_BUDGET) $(BATCH_ARGS) output_dir=$(BATCH_ANSWERS) || exit 1; \
+	done
 	$(PY) -m specbench report $(BATCH_ANSWERS) --out $(LEADERBOARD_OUT)/batching
 
 # `make leaderboard-length`: the `leaderboard` suite and the baseline in one job at each input length of LENGTHS
