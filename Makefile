@@ -105,9 +105,10 @@ leaderboard-budget: install  ## draft budgets side by side: each speculative met
 	$(PY) -m specbench report $(BUDGET_ANSWERS) --out $(LEADERBOARD_OUT)/budget
 
 # `make leaderboard-batch-real`: the same sweep on SmolLM2-135M-Instruct and the official questions (REAL_QUESTIONS,
-# 64 new tokens) for the batch suite's methods that need no trained part (BATCH_REAL_METHODS; SmolLM2's drafts and
-# heads are issue 43's), its report under results/leaderboard/batching-real.
-BATCH_REAL_METHODS ?= pld,suffix
+# 64 new tokens) for the batch suite's methods that need no trained part (BATCH_REAL_METHODS: REST's datastore is
+# indexed in seconds from the committed corpus of the target's own answers; SmolLM2's drafts and heads are issue 43's),
+# its report under results/leaderboard/batching-real.
+BATCH_REAL_METHODS ?= pld,rest,suffix
 BATCH_REAL_ANSWERS ?= results/answers-batching-real
 leaderboard-batch-real: install real-inputs  ## the batch-size sweep on SmolLM2 for the methods without trained parts, then the report
 	$(PY) -m specbench -m run model=smollm2 dataset=spec_bench dataset.path=$(REAL_QUESTIONS) sweep=batch \
