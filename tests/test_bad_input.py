@@ -215,6 +215,7 @@ RUN_CASES = [
     ("stop-strings-empty", ["model.stop_strings=['']"], r"model.stop_strings must be non-empty strings"),
     ("stop-strings-table", ["model.stop_strings={a:1}"], r"model.stop_strings"),
     ("on-error-unknown", ["on_error=ignore"], r"on_error must be record or raise"),
+    ("lane-order-unknown", ["lane_order=random"], r"lane_order must be one of shuffled, alternating, got 'random'"),
     ("overwrite-not-bool", ["overwrite=maybe"], r"overwrite must be true or false"),
     ("baseline-not-bool", ["baseline=2"], r"baseline must be true or false"),
     ("progress-not-bool", ["progress=yes"], r"progress must be true or false"),

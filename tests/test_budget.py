@@ -30,6 +30,7 @@ from specbench.engine.budget import (
     monotone,
 )
 from specbench.run.registry import build_method, method_label
+from specbench.run.runner import turn_orders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PARAMS = SamplingParams(temperature=1.0)
@@ -510,7 +511,8 @@ def test_both_budgets_take_turns_and_resume(tiny_models, cost_dir, tmp_path):
 
 def test_interleaved_methods_share_each_stretch_of_time(tiny_models, cost_dir, tmp_path):
     """`interleave=[...]`: the baseline, `method` and the listed methods (both budgets of each under
-    `budget=both`) answer question 1, then question 2 in the reverse order, and so on, in one job;
+    `budget=both`) answer question 1 in a seeded random order, then question 2 in the reverse order, and so on,
+    in one job;
     every answer equals the baseline's (greedy); the summary lists every method run."""
     questions = write_questions(tmp_path / "q.jsonl", per_category=1)
     out = tmp_path / "results"
@@ -524,9 +526,10 @@ def test_interleaved_methods_share_each_stretch_of_time(tiny_models, cost_dir, t
     for name in lanes:
         (path,) = out.rglob(f"{name}/temp-0/run-1/answers.jsonl")
         answers[name] = [json.loads(line) for line in path.read_text().splitlines()]
+    orders = turn_orders(len(lanes), 3, "shuffled", 0, 1)  # the default lane_order, seed 0, run 1
     for i in range(3):
         turn = sorted(lanes, key=lambda n: answers[n][i]["tstamp"])
-        assert turn == (lanes if i % 2 == 0 else lanes[::-1]), (i, turn)
+        assert turn == [lanes[k] for k in orders[i]], (i, turn)
         if i:  # every method run answered question i - 1 before any answered question i
             assert max(answers[n][i - 1]["tstamp"] for n in lanes) < min(answers[n][i]["tstamp"] for n in lanes)
     base = [r["specbench"]["output_ids"] for r in answers["baseline"]]

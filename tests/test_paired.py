@@ -16,6 +16,7 @@ from specbench.analysis import paired
 from specbench.analysis.runs import Run
 from specbench.core.errors import SpecbenchError
 from specbench.presentation import check
+from specbench.run.runner import turn_orders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GATE = OmegaConf.create({"alpha": 0.05, "min_slowdown": 0.05})
@@ -164,11 +165,12 @@ def lane(out, method):
 def test_the_default_schedule_pairs_every_method_with_the_baseline(schedules, tmp_path):
     base, base_meta = lane(schedules["interleaved"], "baseline")
     sps, sps_meta = lane(schedules["interleaved"], "sps")
-    for i in range(3):  # question by question, the order alternating
+    orders = turn_orders(2, 3, "shuffled", 0, 1)  # question by question, a drawn order then its reverse
+    for i in range(3):
         first = "baseline" if base[i]["tstamp"] < sps[i]["tstamp"] else "sps"
-        assert first == ("baseline" if i % 2 == 0 else "sps"), i
+        assert first == ["baseline", "sps"][orders[i][0]], i
     assert sps_meta["phase"] == base_meta["phase"] and sps_meta["phase"]["lanes"] == ["baseline", "sps"]
-    assert sps_meta["phase"]["schedule"] == "interleaved"
+    assert sps_meta["phase"]["schedule"] == "interleaved" and sps_meta["phase"]["lane_order"] == "shuffled"
     done = cli("report", str(schedules["interleaved"]), "--out", str(tmp_path / "lb"), "--no-figures", cwd=tmp_path)
     assert done.code == 0 and "Speedups are paired" in done.out, done.out
 

@@ -85,3 +85,25 @@ def test_a_run_builds_its_parts_before_the_clock(fake_parts, tmp_path, capsys):
     runner_.cls = type("Unprepared", (LocalBackend,), {"parts": staticmethod(lambda cfg, phases: [])})
     with pytest.raises(SpecbenchError, match="parts/draft is not built; a run builds every part it names before"):
         runner_.run()  # a part that the preparation step did not build is found missing, never built in the run
+
+
+@pytest.mark.fast
+def test_lane_orders_pair_each_order_with_its_reverse_and_vary_the_neighbours():
+    """Every odd turn runs the lanes in the reverse of the turn before (a steady drift charges all alike);
+    `alternating` keeps the job's order, `shuffled` draws each pair's order from the run's seed: the same on a
+    rerun, another for another run, and over a run's turns each lane follows more than one other lane."""
+    lanes, turns = 15, 40
+    alternating = runner.turn_orders(lanes, turns, "alternating", 0, 1)
+    assert alternating == [list(range(lanes)) if i % 2 == 0 else list(range(lanes))[::-1] for i in range(turns)]
+    shuffled = runner.turn_orders(lanes, turns, "shuffled", 0, 1)
+    assert len(shuffled) == turns and all(sorted(order) == list(range(lanes)) for order in shuffled)
+    assert all(shuffled[i] == shuffled[i - 1][::-1] for i in range(1, turns, 2))
+    assert len({tuple(order) for order in shuffled[::2]}) == turns // 2  # a new draw for every pair
+    assert shuffled == runner.turn_orders(lanes, turns, "shuffled", 0, 1)
+    assert shuffled != runner.turn_orders(lanes, turns, "shuffled", 0, 2) != runner.turn_orders(lanes, turns,
+                                                                                                  "shuffled", 1, 1)
+    before = {lane: {order[k - 1] for order in shuffled for k in range(1, lanes) if order[k] == lane}
+              for lane in range(lanes)}
+    assert all(len(previous) > 1 for previous in before.values()), before
+    assert runner.turn_orders(1, 3, "shuffled", 0, 1) == [[0], [0], [0]]
+    assert runner.turn_orders(4, 0, "shuffled", 0, 1) == []

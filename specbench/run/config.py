@@ -255,6 +255,9 @@ def selected_subtasks(task_cfg: DictConfig | None) -> list[str]:
 #: `schedule`: how a job's method runs share the machine's time
 INTERLEAVED, SEQUENTIAL = "interleaved", "sequential"
 SCHEDULES = (INTERLEAVED, SEQUENTIAL)
+#: `lane_order`: in what order an interleaved job's method runs take each turn (run.runner.turn_orders)
+SHUFFLED, ALTERNATING = "shuffled", "alternating"
+LANE_ORDERS = (SHUFFLED, ALTERNATING)
 #: the run-wide `budget=both`: every method with a draft budget runs as `auto` and `fixed`, in turn
 BOTH = "both"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -311,6 +314,8 @@ def check_values(cfg: DictConfig) -> None:
              f"null (each method's own), got {cfg.budget!r}")
     if cfg.get("schedule", INTERLEAVED) not in SCHEDULES:
         fail(f"schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    if cfg.get("lane_order", SHUFFLED) not in LANE_ORDERS:
+        fail(f"lane_order must be one of {', '.join(LANE_ORDERS)}, got {cfg.lane_order!r}")
     lanes = cfg.get("interleave") or []
     if not isinstance(lanes, (list, ListConfig)) or not all(isinstance(x, str) and x for x in lanes):
         fail(f"interleave must be a list of method names, e.g. interleave=[sps,pld], got {lanes!r}")

@@ -10,6 +10,7 @@ same command resumes. The summary printed after a run is read back from the answ
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import sys
 import time
@@ -41,7 +42,7 @@ from specbench.core.longinput import parse_length
 from specbench.core.record import stamp
 from specbench.models import RESOLVED
 from specbench.run.backend import Backend, MethodRun, backend_class
-from specbench.run.config import check_values, selected_subtasks
+from specbench.run.config import SHUFFLED, check_values, selected_subtasks
 from specbench.run.dataset import check_writable, load_dataset, long_inputs
 from specbench.run.interrupts import interrupt_flag
 from specbench.run.prepare import FIND_ONLY, prepare_parts
@@ -178,7 +179,8 @@ class Runner:
 
     def run_lanes(self, lanes: list[Lane]) -> None:
         phase = {"schedule": str(self.cfg.get("schedule") or "interleaved"), "id": uuid.uuid4().hex[:12],
-                 "lanes": [lane.method.label for lane in lanes]}  # the method runs timed in turn with this one
+                 "lanes": [lane.method.label for lane in lanes],  # the method runs timed in turn with this one
+                 "lane_order": self.lane_order()}
         for lane in lanes:
             lane.meta["phase"] = phase
         if self.interrupted():
@@ -196,12 +198,15 @@ class Runner:
             raise
         write_metas(lanes)  # with what the phase measured
 
+    def lane_order(self) -> str:
+        return str(self.cfg.get("lane_order") or SHUFFLED)
+
     def answer_all(self, lanes: list[Lane]) -> None:
         """Answer each lane's `todo`, one flushed line each. Several lanes take turns question by
-        question (batch by batch), their order reversed every other turn, so a drift of the machine's
-        speed falls on all of them alike. A failing question becomes a row in errors.jsonl and the
-        run goes on; Ctrl-C (seen at the next question boundary, the last one included) keeps what
-        was written, says so and ends the whole run."""
+        question (batch by batch), in the order `turn_orders` gives (each order followed by its
+        reverse), so a drift of the machine's speed falls on all of them alike. A failing question
+        becomes a row in errors.jsonl and the run goes on; Ctrl-C (seen at the next question
+        boundary, the last one included) keeps what was written, says so and ends the whole run."""
         few = len(lanes) <= 4
         desc = " + ".join(lane.outcome.label for lane in lanes) if few else f"{len(lanes)} method runs in turn"
         bar = tqdm(total=sum(len(lane.todo) for lane in lanes), desc=desc, unit="q", disable=not self.cfg.progress,
@@ -210,9 +215,11 @@ class Runner:
         try:
             with contextlib.ExitStack() as stack:
                 turns = [(lane, stack.enter_context(AnswerWriter(lane.folder / ANSWERS))) for lane in lanes]
-                for i, start in enumerate(range(0, max(len(lane.todo) for lane in lanes), size)):
+                starts = range(0, max(len(lane.todo) for lane in lanes), size)
+                orders = turn_orders(len(turns), len(starts), self.lane_order(), int(self.cfg.seed), lanes[0].run)
+                for start, order in zip(starts, orders, strict=True):
                     self.backend.tick()
-                    for lane, writer in turns if i % 2 == 0 else turns[::-1]:
+                    for lane, writer in (turns[k] for k in order):
                         if self.interrupted():
                             raise KeyboardInterrupt
                         if group := lane.todo[start : start + size]:
@@ -286,6 +293,27 @@ def interruption(lanes: list[Lane]) -> KeyboardInterrupt:
         print(f"\n{o.label}: interrupted after {o.written} of {o.todo} questions; the answers so far are saved in "
               f"{o.folder}; run the same command again to resume", file=sys.stderr)
     return KeyboardInterrupt()
+
+
+def turn_orders(lanes: int, turns: int, how: str, seed: int, run: int) -> list[list[int]]:
+    """The order in which `lanes` lanes answer at each of `turns` turns. Every even turn's order is
+    followed by its reverse, so that a steady drift of the machine's speed charges every lane the
+    same over the two. `alternating`: the lanes' own order, then its reverse, and so on: each lane
+    always runs right after the same neighbour (whatever a lane leaves behind, in the allocator or
+    the caches, falls on the same lane every time). `shuffled` (the default): each pair of turns
+    draws its order at random, seeded by the run's seed and run number (the same orders on a
+    rerun), so what a lane leaves behind falls on every other lane in turn."""
+    rng = random.Random(f"lane-order:{seed}:{run}")
+    orders: list[list[int]] = []
+    for i in range(turns):
+        if i % 2:
+            orders.append(orders[-1][::-1])
+        else:
+            order = list(range(lanes))
+            if how == SHUFFLED:
+                rng.shuffle(order)
+            orders.append(order)
+    return orders
 
 
 def run(cfg: DictConfig) -> RunResult:
