@@ -10,6 +10,8 @@ report: a table per batch size, the batch-size table and figure, the audit again
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -44,6 +46,7 @@ from specbench.engine.api import Prefilled, Request, RequestList
 from specbench.engine.batch import PREFILL_POSITIONS, PREFILL_SLACK, prefill_groups
 from specbench.methods.drafts import SpsDrafter
 from specbench.models import GrowingLayer, LoadedModel, load_model
+from specbench.run.local import warmup_passes
 from specbench.run.registry import build_method
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -361,3 +364,23 @@ def test_a_batchs_answers_are_one_measurement_in_the_speedup_intervals():
     assert bootstrap_ratio_ci(np.arange(1.0, 9.0), np.full(8, 4.0), clusters=np.arange(8)[::-1]) == \
         bootstrap_ratio_ci(np.arange(1.0, 9.0), np.full(8, 4.0))
     assert throughput_ci([one], [_batched_run("baseline", [1.0] * 4, size=1)]) == (1.0, 1.0)
+
+
+def test_warm_up_answers_warmup_questions_as_whole_batches(batched_runs, tiny_models):
+    """`warmup` counts questions: ceil(warmup / batch_size) untimed passes over the first batch (3 passes of one
+    question at batch size 1, as upstream; one pass of 16 at 16, not three), recorded in each lane's meta."""
+    assert [warmup_passes(3, b) for b in (1, 2, 3, 4, 16)] == [3, 2, 1, 1, 1]
+    assert warmup_passes(0, 8) == 0 and warmup_passes(5, 2) == 3
+    root, out, common = batched_runs
+    meta = json.loads((out / "spec_bench" / "local" / "pld" / "temp-0" / "batch-3" / "run-1" / "meta.json").read_text())
+    assert meta["warmup"] == {"passes": 0, "questions": 0, "seconds": 0.0}  # warmup=0: none
+    warm = root / "warm"
+    done = cli("run", "method=pld", "batch_size=3", "warmup=4", *[c for c in common if not c.startswith(
+        ("warmup=", "output_dir="))], f"output_dir={warm}", "task=[qa,rag]", cwd=root)
+    assert done.code == 0, done
+    for method in ("baseline", "pld"):
+        run = warm / "spec_bench" / "local" / method / "temp-0" / "batch-3" / "run-1"
+        meta = json.loads((run / "meta.json").read_text())
+        assert meta["warmup"]["passes"] == 2 and meta["warmup"]["questions"] == 6 and meta["warmup"]["seconds"] > 0
+        cold = {r["question_id"]: r[EXTRA_KEY]["output_ids"] for r in answers(out, method, 3)}
+        assert all(r[EXTRA_KEY]["output_ids"] == cold[r["question_id"]] for r in read_answers(run / "answers.jsonl"))

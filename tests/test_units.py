@@ -7,10 +7,12 @@ import torch
 
 from specbench.core.answers import AnswerWriter, read_answers
 from specbench.core.errors import SpecbenchError
+from specbench.core.hardware import cpu_info
 from specbench.core.prompts import VICUNA_SYSTEM, plain_prompt, vicuna_prompt
 from specbench.core.sampling import SamplingParams, probs_from_logits
 from specbench.core.stopping import StopCriteria
 from specbench.core.timing import CpuTimer, CudaTimer, timer_for
+from specbench.presentation import leaderboard
 
 pytestmark = pytest.mark.fast  # the everyday tier, `make test-fast`: no zoo, seconds
 
@@ -101,3 +103,29 @@ def test_answer_file_drops_torn_line_and_rejects_corruption(tmp_path):
     path.write_text('{"question_id": 1}\n{oops}\n{"question_id": 2}\n')
     with pytest.raises(SpecbenchError, match="answers.jsonl:2: corrupt"):
         read_answers(path)
+
+
+def test_cpu_info_names_the_speed_relevant_extensions():
+    """Two CPUs of one model name may differ in the extensions that set torch's speed (bf16 units above all):
+    the environment of every run records which of them the CPU has."""
+    x86 = ("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n"
+           "physical id\t: 0\ncore id\t\t: 0\n\nprocessor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu\n"
+           "physical id\t: 0\ncore id\t\t: 1\n")
+    info = cpu_info(x86)
+    assert info["model"] == "AMD EPYC" and info["physical_cores"] == 2
+    assert info["features"] == ["avx2", "avx512f", "avx512_bf16", "amx_tile"]  # the first CPU's, in a fixed order
+    assert cpu_info("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2\n")["features"] == ["avx2"]
+    assert cpu_info("processor\t: 0\nFeatures\t: fp asimd sve bf16\n")["features"] == ["asimd", "sve", "bf16"]
+    assert cpu_info("processor\t: 0\n")["features"] is None  # no flags line: unknown, not "none"
+    env = {"device_name": "AMD EPYC", "device": "cpu", "cpu": {"features": ["avx2", "avx512f"]}}
+    line = _environment_line(env)
+    assert line.startswith("Environment: device_name=AMD EPYC, cpu_features=avx2+avx512f, device=cpu"), line
+    assert "cpu_features=none" in _environment_line({**env, "cpu": {"features": []}})
+    assert "cpu_features" not in _environment_line({**env, "cpu": {}})
+
+
+def _environment_line(env: dict) -> str:
+    class Group:
+        def environment(self) -> dict:
+            return env
+    return leaderboard.environment_line(Group())

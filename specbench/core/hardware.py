@@ -21,17 +21,28 @@ def device_name(device: torch.device, cpu: dict[str, Any] | None = None) -> str:
     return model or platform.processor() or platform.machine()
 
 
-def cpu_info() -> dict[str, Any]:
-    """CPU model name and cores: /proc/cpuinfo on Linux, platform's answer elsewhere. `physical_cores`
-    counts distinct (package, core) pairs; `usable_cores` the CPUs this process may run on; `quota_cores`
-    a cgroup v2 CPU limit when one is set."""
-    model, cores = None, set()
-    text = read_text("/proc/cpuinfo") or ""
+#: the instruction-set extensions that change how fast torch's CPU kernels run (x86 `flags`, Arm
+#: `Features` in /proc/cpuinfo): two machines with one model name ("AMD EPYC") may differ in these,
+#: and in every speed measured on them (bf16 matrix units above all)
+SPEED_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
+                  "asimd", "sve", "sve2", "i8mm", "bf16")
+
+
+def cpu_info(text: str | None = None) -> dict[str, Any]:
+    """CPU model name, cores and speed-relevant extensions: /proc/cpuinfo (or `text`, its contents) on
+    Linux, platform's answer elsewhere. `physical_cores` counts distinct (package, core) pairs;
+    `usable_cores` the CPUs this process may run on; `quota_cores` a cgroup v2 CPU limit when one is
+    set; `features` those of SPEED_FEATURES the first CPU lists (None where the file lists no flags)."""
+    model, cores, flags = None, set(), None
+    if text is None:
+        text = read_text("/proc/cpuinfo") or ""
     package = core = None
     for line in text.splitlines():
         key, _, value = (part.strip() for part in line.partition(":"))
         if key in ("model name", "Model", "Hardware", "cpu model") and not model and value:
             model = value
+        elif key in ("flags", "Features") and flags is None:
+            flags = set(value.split())
         elif key == "physical id":
             package = value
         elif key == "core id":
@@ -50,6 +61,7 @@ def cpu_info() -> dict[str, Any]:
         "logical_cores": os.cpu_count(),
         "usable_cores": usable,
         "quota_cores": _cgroup_quota(),
+        "features": None if flags is None else [f for f in SPEED_FEATURES if f in flags],
     }
 
 

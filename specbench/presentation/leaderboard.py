@@ -547,7 +547,11 @@ def environment_line(group: Group) -> str:
     if not env:
         return "Environment: not recorded (upstream answer files)."
     keys = ("device_name", "device", "dtype", "threads", "torch", "transformers", "python", "git_commit")
-    return "Environment: " + ", ".join(f"{k}={env.get(k)}" for k in keys if env.get(k) is not None)
+    shown = [f"{k}={env.get(k)}" for k in keys if env.get(k) is not None]
+    features = (env.get("cpu") or {}).get("features") if env.get("device") == "cpu" else None
+    if features is not None:  # recorded since 2026-12-07: two CPUs of one model name may differ in these
+        shown.insert(1, f"cpu_features={'+'.join(features) or 'none'}")
+    return "Environment: " + ", ".join(shown)
 
 
 def render_markdown(group: Group) -> str:
